@@ -1,0 +1,372 @@
+/*
+ * gdn-engine: the decode step of Gated Delta Net (GDN) linear-attention layers.
+ *
+ * The engine owns, per layer, a pool of recurrent states [num_slots, HV, V, K] (K contiguous), static
+ * input and output buffers, and the cache that speculative verify needs. A serving loop allocates one
+ * slot per live request, then each step: picks the rows (slots) of the step, writes q, k, v, a, b into
+ * the layer input buffers, runs the layers, reads the outputs, and after a verify step commits the
+ * accepted token counts that its sampler wrote to device memory. ../shared/SPEC.md (the project's
+ * contract) gives the math and the semantics.
+ *
+ * Memory spaces. "Backend memory" is device memory on the CUDA backend and ordinary host memory on
+ * the CPU backend; every buffer the engine hands out lives there and stays valid (same address) until
+ * gdn_engine_destroy. "Host" pointers are read before the call returns and never kept.
+ *
+ * Streams. Functions that enqueue work take `void *stream`: a cudaStream_t on the CUDA backend (NULL
+ * is the legacy default stream), ignored on the CPU backend, where work completes before the call
+ * returns. gdn_cuda.h has typed wrappers.
+ *
+ * Errors. Every fallible call returns a gdn_status; GDN_OK is 0 and errors are negative. A call that
+ * fails changes nothing. Nothing reachable from this API asserts, aborts or exits.
+ *
+ * Threads. An engine is not thread-safe: one thread drives it at a time. Distinct engines are
+ * independent.
+ */
+#ifndef GDN_GDN_H
+#define GDN_GDN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define GDN_API
+#elif defined(__GNUC__) && defined(GDN_BUILDING_LIBRARY)
+#define GDN_API __attribute__((visibility("default")))
+#else
+#define GDN_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Version                                                                                          */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define GDN_VERSION_MAJOR 0
+#define GDN_VERSION_MINOR 1
+#define GDN_VERSION_PATCH 0
+
+/* Returns the library's version as MAJOR * 10000 + MINOR * 100 + PATCH. */
+GDN_API int gdn_version(void);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Status codes                                                                                     */
+/* ---------------------------------------------------------------------------------------------- */
+
+/*
+ * One list generates the enum, gdn_status_name and gdn_status_string. The configuration codes name the
+ * field that is wrong; the step codes name the rule the step broke. New codes may appear; treat any
+ * unknown negative value as an error.
+ */
+#define GDN_STATUS_MAP(XX)                                                                          \
+    XX(OK, 0, "success")                                                                           \
+    XX(EINVAL, -1, "invalid argument (a required pointer is NULL or a value is out of range)")     \
+    XX(ENOMEM, -2, "out of memory (host or device)")                                               \
+    XX(ENOTSUP, -3, "not supported by this backend or build")                                      \
+    XX(EMISUSE, -4, "call out of order (e.g. commit without a verify step to commit)")             \
+    XX(ECUDA, -5, "CUDA runtime error (gdn_engine_last_error has the detail)")                     \
+    XX(EDEVICE, -6, "a kernel raised the sticky device error flag (slot index out of range)")      \
+    XX(ENODEV, -7, "the CUDA backend was requested but no usable GPU is present")                  \
+    XX(ECONFIG_LAYERS, -20, "config: num_layers must be at least 1")                               \
+    XX(ECONFIG_HEADS, -21, "config: num_k_heads and num_v_heads must be >= 1, HV a multiple of HK")\
+    XX(ECONFIG_HEAD_DIM, -22, "config: head_dim_k and head_dim_v must each be 64, 128 or 256")     \
+    XX(ECONFIG_STATE_DTYPE, -23, "config: state_dtype must be GDN_DTYPE_F32 or GDN_DTYPE_BF16")    \
+    XX(ECONFIG_INPUT_DTYPE, -24, "config: input_dtype must be GDN_DTYPE_BF16 or GDN_DTYPE_F16")    \
+    XX(ECONFIG_OUTPUT_DTYPE, -25, "config: output_dtype must be GDN_DTYPE_BF16 or GDN_DTYPE_F32")  \
+    XX(ECONFIG_SLOTS, -26, "config: num_slots must be at least 1 and at most 2^31 - 1")            \
+    XX(ECONFIG_MAX_BATCH, -27, "config: max_batch must be at least 1")                             \
+    XX(ECONFIG_BUCKETS, -28, "config: buckets must be strictly increasing, >= 1, last == max_batch")\
+    XX(ECONFIG_MAX_TOKENS, -29, "config: max_tokens must be between 1 and GDN_MAX_TOKENS")         \
+    XX(ECONFIG_VERIFY, -30, "config: verify_strategy is not a known strategy")                     \
+    XX(ECONFIG_BACKEND, -31, "config: backend is not a known backend")                             \
+    XX(ECONFIG_SCALE, -32, "config: scale must be finite and >= 0 (0 selects K^-0.5)")             \
+    XX(ESTEP_KIND, -40, "step: kind must be GDN_STEP_DECODE or GDN_STEP_VERIFY")                   \
+    XX(ESTEP_BATCH, -41, "step: batch must be between 0 and max_batch")                            \
+    XX(ESTEP_TOKENS, -42, "step: tokens must be 1 for decode and 1..max_tokens for verify")        \
+    XX(ESLOT_RANGE, -43, "slot index is >= num_slots")                                             \
+    XX(ESLOT_FREE, -44, "slot is not allocated (never allocated, or already freed)")               \
+    XX(ESLOT_DUP, -45, "the same slot appears twice in one step (or is read by one row and written by another)") \
+    XX(ESLOT_EXHAUSTED, -46, "every slot is allocated")                                            \
+    XX(ELAYER, -47, "layer index is out of range")
+
+typedef enum gdn_status {
+#define GDN__STATUS_ENUM(name, value, text) GDN_##name = value,
+    GDN_STATUS_MAP(GDN__STATUS_ENUM)
+#undef GDN__STATUS_ENUM
+} gdn_status;
+
+/* The enumerator's name without the prefix ("EINVAL"), or "UNKNOWN". Never NULL. */
+GDN_API const char *gdn_status_name(gdn_status status);
+/* A one-line English description of the status. Never NULL. */
+GDN_API const char *gdn_status_string(gdn_status status);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Handles and enums                                                                                */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct gdn_engine gdn_engine;
+
+typedef enum gdn_dtype {
+    GDN_DTYPE_F32 = 0,
+    GDN_DTYPE_BF16 = 1,
+    GDN_DTYPE_F16 = 2,
+} gdn_dtype;
+
+/* Bytes of one element of `dtype`, or 0 for an unknown value. */
+GDN_API size_t gdn_dtype_size(gdn_dtype dtype);
+
+typedef enum gdn_backend_kind {
+    GDN_BACKEND_AUTO = 0, /* CUDA when this build has it and a GPU is present, else CPU */
+    GDN_BACKEND_CUDA = 1,
+    GDN_BACKEND_CPU = 2,  /* the float64 reference: correct everywhere, slow */
+} gdn_backend_kind;
+
+/* How a verify step's accepted tokens reach the state pool (SPEC 3.1 and 3.2). */
+typedef enum gdn_verify_strategy {
+    /* Verify writes the state after every token into a cache [max_batch, max_tokens, HV, V, K];
+     * commit copies the accepted entry into the pool. */
+    GDN_VERIFY_CACHE = 0,
+    /* Verify keeps per-token terms; commit folds the accepted prefix later. Not implemented yet:
+     * gdn_engine_create returns GDN_ENOTSUP. */
+    GDN_VERIFY_REPLAY = 1,
+} gdn_verify_strategy;
+
+typedef enum gdn_step_kind {
+    GDN_STEP_DECODE = 0, /* T = 1, state updated in place */
+    GDN_STEP_VERIFY = 1, /* T tokens, pool untouched until gdn_engine_commit */
+} gdn_step_kind;
+
+/* Largest T a verify step may have. */
+#define GDN_MAX_TOKENS 16
+/* Longest bucket list a configuration may carry. */
+#define GDN_MAX_BUCKETS 64
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Configuration                                                                                    */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Geometry of one GDN layer (all layers of an engine share it). SPEC section 1 names. */
+typedef struct gdn_model_config {
+    int32_t num_layers;  /* GDN layers driven by the engine, >= 1 */
+    int32_t num_k_heads; /* HK: query/key heads */
+    int32_t num_v_heads; /* HV: value heads, a multiple of HK (grouped value attention) */
+    int32_t head_dim_k;  /* K: 64, 128 or 256 */
+    int32_t head_dim_v;  /* V: 64, 128 or 256 */
+    float scale;         /* query scale; 0 selects K^-0.5 */
+    int32_t use_qk_l2norm; /* nonzero: L2-normalise q and k in the kernel (the default) */
+} gdn_model_config;
+
+typedef struct gdn_engine_config {
+    gdn_model_config model;
+    gdn_dtype state_dtype;  /* F32 or BF16: storage of pools and verify cache */
+    gdn_dtype input_dtype;  /* BF16 or F16: q, k, v, a, b */
+    gdn_dtype output_dtype; /* BF16 or F32: o */
+    int32_t num_slots;      /* state pool rows per layer */
+    int32_t max_batch;      /* most rows in one step */
+    int32_t max_tokens;     /* most tokens (T) in one verify step, 1..GDN_MAX_TOKENS */
+    int32_t num_buckets;    /* 0: the default list (1, 2, 4, 8, every 8 to 256, every 16 after) */
+    int32_t buckets[GDN_MAX_BUCKETS]; /* padded batch sizes, strictly increasing, last == max_batch */
+    gdn_verify_strategy verify_strategy;
+    gdn_backend_kind backend;
+    int32_t device;         /* CUDA device ordinal (CUDA backend) */
+} gdn_engine_config;
+
+/*
+ * Fills `model` with a named preset: "qwen3-next" (HK 16, HV 32, K = V = 128), "qwen3.5" (HK 16,
+ * HV 64, K = V = 128) or "tiny" (HK 2, HV 4, K = V = 64), with `num_layers` layers, l2norm on and the
+ * default scale. Returns GDN_EINVAL for a NULL pointer or an unknown name.
+ */
+GDN_API gdn_status gdn_model_preset(const char *name, int32_t num_layers, gdn_model_config *model);
+
+/*
+ * Fills `config` with defaults around `model`: fp32 state, bf16 inputs and outputs, 64 slots,
+ * max_batch 64, max_tokens 4, the default buckets, the cache verify strategy, the AUTO backend,
+ * device 0. Returns GDN_EINVAL for NULL pointers.
+ */
+GDN_API gdn_status gdn_engine_config_init(gdn_engine_config *config, const gdn_model_config *model);
+
+/*
+ * Checks `config` without allocating: GDN_OK or the GDN_ECONFIG_* code of the first wrong field, in
+ * the order the fields are declared.
+ */
+GDN_API gdn_status gdn_engine_config_validate(const gdn_engine_config *config);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Lifecycle                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+/*
+ * Validates `config` and allocates everything the engine will use (pools, verify cache, I/O buffers,
+ * slot tables). State pools start zeroed; A_log and dt_bias start at zero for every layer (set them
+ * with gdn_engine_set_layer_params). Returns GDN_ECONFIG_* for a bad field, GDN_ENODEV when
+ * GDN_BACKEND_CUDA was asked for and no GPU (or no CUDA support in this build) is there, GDN_ENOTSUP
+ * for the replay strategy, GDN_ENOMEM when an allocation fails. On success *out is the new engine.
+ */
+GDN_API gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out);
+
+/* Waits for the engine's outstanding work and frees everything. NULL is a no-op. */
+GDN_API void gdn_engine_destroy(gdn_engine *engine);
+
+/* The backend the engine runs on (never AUTO). */
+GDN_API gdn_backend_kind gdn_engine_backend(const gdn_engine *engine);
+
+/* The validated configuration, with the bucket list filled in. Never NULL for a live engine. */
+GDN_API const gdn_engine_config *gdn_engine_get_config(const gdn_engine *engine);
+
+/* The last CUDA error seen by the engine as "expr: message (file:line)", or "" if none. */
+GDN_API const char *gdn_engine_last_error(const gdn_engine *engine);
+
+/* Bytes of backend memory the engine holds, by component. */
+typedef struct gdn_memory_report {
+    uint64_t state_pools;  /* all layers' pools */
+    uint64_t verify_cache; /* intermediate-state cache (cache strategy) */
+    uint64_t io_buffers;   /* q, k, v, a, b, o for every layer */
+    uint64_t parameters;   /* A_log, dt_bias */
+    uint64_t indices;      /* slot indices, accepted counts, error flag */
+    uint64_t total;
+} gdn_memory_report;
+
+GDN_API gdn_status gdn_engine_memory(const gdn_engine *engine, gdn_memory_report *report);
+
+/*
+ * Copies layer `layer`'s A_log [HV] and dt_bias [HV] (host, fp32) into the engine. Synchronous; not
+ * for the step path. GDN_ELAYER for a bad layer, GDN_EINVAL for NULL pointers.
+ */
+GDN_API gdn_status gdn_engine_set_layer_params(gdn_engine *engine, int32_t layer,
+                                               const float *A_log, const float *dt_bias);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Slots                                                                                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+/*
+ * Reserves a free slot (the lowest-numbered one; slot 0 is ordinary) and writes it to *slot. The slot's
+ * state is left as it is: call gdn_slot_reset or write it through the pool for a new request.
+ * GDN_ESLOT_EXHAUSTED when every slot is taken.
+ */
+GDN_API gdn_status gdn_slot_alloc(gdn_engine *engine, int32_t *slot);
+
+/* Returns `slot` to the free list. GDN_ESLOT_RANGE, or GDN_ESLOT_FREE when it is not allocated. */
+GDN_API gdn_status gdn_slot_free(gdn_engine *engine, int32_t slot);
+
+/* Zeroes the state of allocated `slot` in every layer, enqueued on `stream`. Same errors as free. */
+GDN_API gdn_status gdn_slot_reset(gdn_engine *engine, int32_t slot, void *stream);
+
+/* Nonzero when `slot` is allocated. */
+GDN_API int gdn_slot_is_allocated(const gdn_engine *engine, int32_t slot);
+
+/* Number of allocated slots. */
+GDN_API int32_t gdn_slot_count(const gdn_engine *engine);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Buffers                                                                                          */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* One layer's state pool: element (slot, h, v, k) is at data + slot*slot_stride + (h*V + v)*K + k. */
+typedef struct gdn_state_pool {
+    void *data;          /* backend memory, dtype elements */
+    gdn_dtype dtype;
+    int64_t num_slots;
+    int64_t slot_stride; /* elements between slots, >= HV*V*K */
+} gdn_state_pool;
+
+GDN_API gdn_status gdn_engine_state_pool(gdn_engine *engine, int32_t layer, gdn_state_pool *pool);
+
+/*
+ * One layer's static step buffers, all backend memory, each sized for max_batch rows and max_tokens
+ * tokens. A step of B rows and T tokens uses the dense prefix [B, T, ...] of each: q and k
+ * [B, T, HK, K], v [B, T, HV, V], a and b [B, T, HV] (input_dtype), o [B, T, HV, V] (output_dtype).
+ * The caller writes q, k, v, a, b before running the layer and reads o after.
+ */
+typedef struct gdn_layer_io {
+    void *q, *k, *v, *a, *b;
+    void *o;
+} gdn_layer_io;
+
+GDN_API gdn_status gdn_engine_layer_io(gdn_engine *engine, int32_t layer, gdn_layer_io *io);
+
+/*
+ * The accepted-count buffer, int32 [max_batch] in backend memory. After a verify step the caller's
+ * sampler writes accepted[i] in [0, T] for each row i (on the device, on the CUDA backend), then calls
+ * gdn_engine_commit. Values outside [0, T] are clamped.
+ */
+GDN_API int32_t *gdn_engine_accepted(gdn_engine *engine);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Steps                                                                                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct gdn_step {
+    gdn_step_kind kind;
+    int32_t tokens;             /* T: 1 for decode; 1..max_tokens for verify */
+    int32_t batch;              /* rows, 0..max_batch */
+    const int32_t *slots;       /* host [batch]: the slot each row reads; < 0 marks a padding row */
+    const int32_t *write_slots; /* host [batch] or NULL (= slots): where the row's new state goes */
+} gdn_step;
+
+/*
+ * Starts a step: checks the rows, picks the smallest bucket >= batch (rows past `batch` are padding),
+ * and enqueues the upload of the slot indices on `stream`. Errors, each leaving the engine unchanged:
+ * GDN_ESTEP_KIND, GDN_ESTEP_BATCH, GDN_ESTEP_TOKENS, GDN_ESLOT_RANGE (>= num_slots), GDN_ESLOT_FREE
+ * (not allocated), GDN_ESLOT_DUP (a slot read by two rows, written by two rows, or written by a row
+ * that does not read it while another row reads it). A verify step that was run but not committed
+ * is dropped by the next begin (as if every row accepted 0 tokens). *bucket (may be NULL) receives the
+ * padded batch size.
+ */
+GDN_API gdn_status gdn_engine_begin_step(gdn_engine *engine, const gdn_step *step, void *stream,
+                                         int32_t *bucket);
+
+/*
+ * Runs layer `layer` of the current step on `stream`: reads its q, k, v, a, b buffers, writes o, and
+ * updates the pool (decode) or the verify cache (verify). Layers may run in any order, each once.
+ * GDN_EMISUSE without a begun step, GDN_ELAYER for a bad index.
+ */
+GDN_API gdn_status gdn_engine_run_layer(gdn_engine *engine, int32_t layer, void *stream);
+
+/* Runs every layer of the current step in layer order (gdn_engine_run_layer for each). */
+GDN_API gdn_status gdn_engine_run_step(gdn_engine *engine, void *stream);
+
+/*
+ * Advances each row of the current verify step by accepted[i] tokens (gdn_engine_accepted), for all
+ * layers, reading the counts in backend memory on `stream`: no host synchronisation. Rows with 0 keep
+ * their state. GDN_EMISUSE unless the current step is a verify step that ran on every layer and has
+ * not been committed.
+ */
+GDN_API gdn_status gdn_engine_commit(gdn_engine *engine, void *stream);
+
+/*
+ * Waits for the engine's work on `stream`, then reads and clears the sticky device error flag:
+ * GDN_EDEVICE if a kernel met a slot index >= num_slots since the last check, else GDN_OK. Not for
+ * the step path (it synchronises).
+ */
+GDN_API gdn_status gdn_engine_check_device_error(gdn_engine *engine, void *stream);
+
+/* Waits until the work enqueued on `stream` is done (no-op on the CPU backend). */
+GDN_API gdn_status gdn_engine_synchronize(gdn_engine *engine, void *stream);
+
+/*
+ * Copies `bytes` between host memory and backend memory (a buffer the engine handed out, or any
+ * device pointer on the CUDA backend), enqueued on `stream`; the host side must stay valid until the
+ * stream reaches the copy (use pinned memory for a truly asynchronous copy). GDN_EINVAL for NULL.
+ */
+GDN_API gdn_status gdn_engine_upload(gdn_engine *engine, void *backend_dst, const void *host_src,
+                                     size_t bytes, void *stream);
+GDN_API gdn_status gdn_engine_download(gdn_engine *engine, void *host_dst, const void *backend_src,
+                                       size_t bytes, void *stream);
+
+/*
+ * Copies a slot's state between the pool of `layer` and host memory (dtype elements, HV*V*K of them),
+ * synchronously. For tests, prefill hand-off and inspection; not for the step path. The slot must be
+ * allocated.
+ */
+GDN_API gdn_status gdn_slot_read_state(gdn_engine *engine, int32_t layer, int32_t slot, void *host_dst);
+GDN_API gdn_status gdn_slot_write_state(gdn_engine *engine, int32_t layer, int32_t slot,
+                                        const void *host_src);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GDN_GDN_H */

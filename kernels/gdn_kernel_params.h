@@ -1,0 +1,92 @@
+/*
+ * Parameters of the GDN kernel families, shared by the float64 CPU reference (kernels/ref/) and the
+ * CUDA kernels (kernels/*.cu). Plain C so that both sides and the tests include it. All pointers are
+ * in the memory space of the backend that runs the call; all offsets are int64_t.
+ *
+ * Layer step (one launch per layer): for each batch row i in [0, B) and value head h in [0, HV):
+ *   r = read_slots[i], w = write_slots[i] (write_slots == NULL means w = r).
+ *   r < 0, or r >= num_slots, or w >= num_slots: padding row. No state read or write, no cache write,
+ *   o[i, :, h, :] = 0. A slot >= num_slots additionally sets *error_flag = 1 (if error_flag != NULL).
+ *   Otherwise S = state[r, h] (as fp32/fp64), run tokens t = 0..T-1 (SPEC 1), o[i, t, h, :] = S q^.
+ *   cache == NULL (decode / plain update): state[w, h] = S after T tokens.
+ *   cache != NULL (verify): cache[i, t, h] = S after token t for every t; the pool is not written.
+ *
+ * Commit (one launch for all layers): row i is skipped when r = read_slots[i] < 0 (padding). With
+ * w = write_slots[i] (or r when write_slots is NULL) and n = clamp(accepted[i], 0, T):
+ *   r >= num_slots or w >= num_slots: skipped, *error_flag = 1 (the verify treated the row as padding).
+ *   n == 0: nothing changes.  n > 0: for every layer l, state_l[w] = cache_l[i, n - 1] (a plain copy
+ *   in state_dtype, so bit-exact with the cache).
+ */
+#ifndef GDN_KERNEL_PARAMS_H
+#define GDN_KERNEL_PARAMS_H
+
+#include <stdint.h>
+
+#include "gdn/gdn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gdn__layer_params {
+    /* Geometry. */
+    int32_t B;  /* rows (a padded bucket: padding rows have read_slots[i] < 0) */
+    int32_t T;  /* tokens per row, 1..GDN_MAX_TOKENS */
+    int32_t HK, HV, K, V;
+    float scale;           /* already resolved: never 0 here */
+    int32_t use_qk_l2norm;
+
+    /* Inputs, dense row-major. */
+    gdn_dtype input_dtype; /* BF16 or F16 for q, k, v, a, b */
+    const void *q;         /* [B, T, HK, K] */
+    const void *k;         /* [B, T, HK, K] */
+    const void *v;         /* [B, T, HV, V] */
+    const void *a;         /* [B, T, HV] */
+    const void *b;         /* [B, T, HV] */
+    const float *A_log;    /* [HV] fp32 */
+    const float *dt_bias;  /* [HV] fp32 */
+
+    /* State pool [num_slots, HV, V, K] with slot_stride elements between slots. */
+    gdn_dtype state_dtype; /* F32 or BF16 */
+    void *state;
+    int64_t num_slots;
+    int64_t slot_stride;
+    const int32_t *read_slots;  /* [B] */
+    const int32_t *write_slots; /* [B] or NULL */
+
+    /* Output [B, T, HV, V]. */
+    gdn_dtype output_dtype; /* BF16 or F32 */
+    void *out;
+
+    /* Verify cache [B_cache, cache_tokens, HV, V, K] in state_dtype, indexed by batch row; NULL for an
+     * in-place update. cache_row_stride = cache_tokens * HV * V * K elements. */
+    void *cache;
+    int64_t cache_row_stride;
+
+    int32_t *error_flag; /* sticky, may be NULL */
+} gdn__layer_params;
+
+typedef struct gdn__commit_params {
+    int32_t B;          /* rows of the verify step */
+    int32_t T;          /* tokens of the verify step */
+    int32_t num_layers;
+    int32_t HV, K, V;
+    gdn_dtype state_dtype;
+    void *state;                /* layer 0's pool; layer l at state + l * state_layer_stride */
+    int64_t state_layer_stride; /* elements */
+    int64_t num_slots;
+    int64_t slot_stride;
+    const void *cache;          /* layer 0's cache; layer l at cache + l * cache_layer_stride */
+    int64_t cache_layer_stride; /* elements */
+    int64_t cache_row_stride;   /* elements */
+    const int32_t *read_slots;  /* [B] */
+    const int32_t *write_slots; /* [B] or NULL */
+    const int32_t *accepted;    /* [B] */
+    int32_t *error_flag;
+} gdn__commit_params;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GDN_KERNEL_PARAMS_H */

@@ -1,0 +1,177 @@
+/*
+ * float64 reference of the GDN update (SPEC 1) and of the slot, padding, verify-cache and commit
+ * semantics (SPEC 3). Written for clarity, not speed: loops read like the SPEC's formulas. Inputs are
+ * widened to float64 once; the state is widened on load and rounded once to the state dtype at the
+ * store (per token for the verify cache, once per call for the pool).
+ */
+#include "gdn_ref.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "../../engine/alloc.h"
+#include "../dtype_convert.h"
+
+double gdn__ref_softplus(double x) { return x <= 20.0 ? log1p(exp(x)) : x; }
+
+double gdn__ref_decay(double a, double A_log, double dt_bias)
+{
+    return exp(-exp(A_log) * gdn__ref_softplus(a + dt_bias));
+}
+
+/* x[0..n) scaled by factor / sqrt(sum x^2 + 1e-6), or by factor alone when the norm is off. */
+static void normalise(const double *x, int32_t n, double factor, int use_l2norm, double *out)
+{
+    double inv = 1.0;
+    if (use_l2norm) {
+        double sum = 0.0;
+        for (int32_t i = 0; i < n; i++) sum += x[i] * x[i];
+        inv = 1.0 / sqrt(sum + 1e-6);
+    }
+    for (int32_t i = 0; i < n; i++) out[i] = factor * x[i] * inv;
+}
+
+void gdn__ref_head(int32_t T, int32_t K, int32_t V, double *S, const double *q, const double *k,
+                   int64_t qk_token_stride, const double *v, int64_t v_token_stride, const double *a,
+                   const double *b, double A_log, double dt_bias, double scale, int use_qk_l2norm,
+                   double *out, int64_t out_token_stride, gdn__ref_token_hook after_token, void *user)
+{
+    double q_hat[256], k_hat[256];
+    for (int32_t t = 0; t < T; t++) {
+        const double g = gdn__ref_decay(a[t], A_log, dt_bias);
+        const double beta = 1.0 / (1.0 + exp(-b[t]));
+        normalise(k + t * qk_token_stride, K, 1.0, use_qk_l2norm, k_hat);
+        normalise(q + t * qk_token_stride, K, scale, use_qk_l2norm, q_hat);
+        const double *v_t = v + t * v_token_stride;
+        double *o_t = out + t * out_token_stride;
+        for (int32_t row = 0; row < V; row++) {
+            double *S_row = S + (int64_t)row * K;
+            double Sk = 0.0;
+            for (int32_t c = 0; c < K; c++) {
+                S_row[c] *= g;
+                Sk += S_row[c] * k_hat[c];
+            }
+            const double u = beta * (v_t[row] - Sk);
+            double o = 0.0;
+            for (int32_t c = 0; c < K; c++) {
+                S_row[c] += u * k_hat[c];
+                o += S_row[c] * q_hat[c];
+            }
+            o_t[row] = o;
+        }
+        if (after_token) after_token(user, t, S);
+    }
+}
+
+/* Widens n elements of `dtype` starting at element `offset` of `base` into out. */
+static void widen(const void *base, gdn_dtype dtype, int64_t offset, int64_t n, double *out)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = gdn__load_f32(base, dtype, offset + i);
+}
+
+static void narrow(void *base, gdn_dtype dtype, int64_t offset, int64_t n, const double *in)
+{
+    for (int64_t i = 0; i < n; i++) gdn__store_f32(base, dtype, offset + i, (float)in[i]);
+}
+
+typedef struct cache_hook_ctx {
+    const gdn__layer_params *p;
+    int64_t row_head_offset; /* cache offset of (row i, token 0, head h) */
+} cache_hook_ctx;
+
+static void store_to_cache(void *user, int32_t t, const double *S)
+{
+    const cache_hook_ctx *ctx = user;
+    const gdn__layer_params *p = ctx->p;
+    const int64_t token_stride = (int64_t)p->HV * p->V * p->K;
+    narrow(p->cache, p->state_dtype, ctx->row_head_offset + t * token_stride, (int64_t)p->V * p->K, S);
+}
+
+size_t gdn__ref_scratch_bytes(void)
+{
+    const size_t max_dim = 256;
+    return sizeof(double) * (max_dim * max_dim + 4 * GDN_MAX_TOKENS * max_dim);
+}
+
+gdn_status gdn__ref_layer_step(const gdn__layer_params *p)
+{
+    void *scratch = gdn__malloc(gdn__ref_scratch_bytes());
+    if (!scratch) return GDN_ENOMEM;
+    gdn__ref_layer_step_in(p, scratch);
+    gdn__free(scratch);
+    return GDN_OK;
+}
+
+void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
+{
+    const int32_t T = p->T, HK = p->HK, HV = p->HV, K = p->K, V = p->V;
+    const int32_t heads_per_key = HV / HK;
+    const int64_t state_elems = (int64_t)V * K;
+    const int64_t qk_token = (int64_t)HK * K, v_token = (int64_t)HV * V;
+    double *S = scratch;
+    double *q = S + state_elems;
+    double *k = q + (int64_t)T * K;
+    double *v = k + (int64_t)T * K;
+    double *o = v + (int64_t)T * V;
+    double a[GDN_MAX_TOKENS], b[GDN_MAX_TOKENS];
+
+    for (int32_t i = 0; i < p->B; i++) {
+        const int64_t r = p->read_slots[i];
+        const int64_t w = p->write_slots ? p->write_slots[i] : r;
+        const int out_of_range = r >= p->num_slots || w >= p->num_slots;
+        if (out_of_range && p->error_flag) *p->error_flag = 1;
+        const int padding = r < 0 || out_of_range;
+        for (int32_t h = 0; h < HV; h++) {
+            const int64_t out_row = ((int64_t)i * T * HV + h) * V; /* token 0 of (i, h) */
+            if (padding) {
+                for (int32_t t = 0; t < T; t++)
+                    for (int32_t c = 0; c < V; c++)
+                        gdn__store_f32(p->out, p->output_dtype, out_row + (int64_t)t * v_token + c, 0.0f);
+                continue;
+            }
+            const int32_t kh = h / heads_per_key;
+            for (int32_t t = 0; t < T; t++) {
+                const int64_t tok = (int64_t)i * T + t;
+                widen(p->q, p->input_dtype, tok * qk_token + (int64_t)kh * K, K, q + (int64_t)t * K);
+                widen(p->k, p->input_dtype, tok * qk_token + (int64_t)kh * K, K, k + (int64_t)t * K);
+                widen(p->v, p->input_dtype, tok * v_token + (int64_t)h * V, V, v + (int64_t)t * V);
+                a[t] = gdn__load_f32(p->a, p->input_dtype, tok * HV + h);
+                b[t] = gdn__load_f32(p->b, p->input_dtype, tok * HV + h);
+            }
+            widen(p->state, p->state_dtype, r * p->slot_stride + h * state_elems, state_elems, S);
+            cache_hook_ctx ctx = {p, (int64_t)i * p->cache_row_stride + h * state_elems};
+            gdn__ref_head(T, K, V, S, q, k, K, v, V, a, b, p->A_log[h], p->dt_bias[h], p->scale,
+                          p->use_qk_l2norm, o, V, p->cache ? store_to_cache : NULL, &ctx);
+            for (int32_t t = 0; t < T; t++)
+                for (int32_t c = 0; c < V; c++)
+                    gdn__store_f32(p->out, p->output_dtype, out_row + (int64_t)t * v_token + c,
+                                   (float)o[(int64_t)t * V + c]);
+            if (!p->cache) narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
+        }
+    }
+}
+
+void gdn__ref_commit(const gdn__commit_params *p)
+{
+    const size_t elem = gdn_dtype_size(p->state_dtype);
+    const int64_t slot_elems = (int64_t)p->HV * p->V * p->K;
+    for (int32_t i = 0; i < p->B; i++) {
+        const int64_t r = p->read_slots[i];
+        if (r < 0) continue;
+        const int64_t w = p->write_slots ? p->write_slots[i] : r;
+        if (r >= p->num_slots || w >= p->num_slots) {
+            if (p->error_flag) *p->error_flag = 1;
+            continue;
+        }
+        int32_t n = p->accepted[i];
+        n = n < 0 ? 0 : (n > p->T ? p->T : n);
+        if (n == 0) continue;
+        for (int32_t l = 0; l < p->num_layers; l++) {
+            char *dst = (char *)p->state + (size_t)(l * p->state_layer_stride + w * p->slot_stride) * elem;
+            const char *src = (const char *)p->cache +
+                              (size_t)(l * p->cache_layer_stride + i * p->cache_row_stride +
+                                       (int64_t)(n - 1) * slot_elems) * elem;
+            memcpy(dst, src, (size_t)slot_elems * elem);
+        }
+    }
+}
