@@ -1,0 +1,103 @@
+/*
+ * Device helpers shared by the CUDA kernel families (kernels/gdn_cuda_*.cu): CUDA error to gdn_status
+ * conversion, and loads and stores of fp32 / bf16 / fp16 data as fp32 registers through 8- and 16-byte
+ * vector accesses. Why one header: every kernel converts the same three storage types, and the rounding
+ * rule (round to nearest even, once, at the store) must be the same everywhere.
+ */
+#ifndef GDN_CUDA_COMMON_CUH
+#define GDN_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gdn/gdn.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Host: CUDA status conversion                                                                     */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The last CUDA failure seen by a launcher on this thread ("file:line: expr: error string"); one
+ * buffer for all translation units (a C++17 inline function's static is shared). */
+inline char *gdn__cuda_error_detail(void)
+{
+    static thread_local char detail[256];
+    return detail;
+}
+
+inline gdn_status gdn__cuda_status(cudaError_t err, const char *expr, const char *file, int line)
+{
+    if (err == cudaSuccess) return GDN_OK;
+    snprintf(gdn__cuda_error_detail(), 256, "%s:%d: %s: %s", file, line, expr, cudaGetErrorString(err));
+    return GDN_ECUDA;
+}
+
+/* Evaluates a cudaError_t expression; on failure records it and returns GDN_ECUDA from the caller. */
+#define GDN__CUDA_TRY(expr)                                                                        \
+    do {                                                                                           \
+        gdn_status gdn__try_status = gdn__cuda_status((expr), #expr, __FILE__, __LINE__);          \
+        if (gdn__try_status != GDN_OK) return gdn__try_status;                                     \
+    } while (0)
+
+/* True when `p` is aligned to `bytes`. */
+static inline bool gdn__aligned(const void *p, uintptr_t bytes) { return ((uintptr_t)p % bytes) == 0; }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Device: storage types                                                                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Elements of storage type S that fill one 16-byte vector. */
+template <typename S> struct gdn__vec16 {
+    static constexpr int elems = 16 / (int)sizeof(S);
+};
+
+__device__ __forceinline__ float gdn__to_f32(float x) { return x; }
+__device__ __forceinline__ float gdn__to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float gdn__to_f32(__half x) { return __half2float(x); }
+
+template <typename S> __device__ __forceinline__ S gdn__from_f32(float x);
+template <> __device__ __forceinline__ float gdn__from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 gdn__from_f32<__nv_bfloat16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ __half gdn__from_f32<__half>(float x) { return __float2half_rn(x); }
+
+/* Raw vector of N elements of S (N * sizeof(S) in {8, 16}), loaded or stored in one access. */
+template <typename S, int N> struct alignas(N * sizeof(S)) gdn__raw_vec {
+    S v[N];
+};
+
+/* Loads N consecutive elements of S at `p` (aligned to N * sizeof(S)) into fp32 registers. */
+template <typename S, int N> __device__ __forceinline__ void gdn__load_vec(const S *p, float (&out)[N])
+{
+    static_assert(N * sizeof(S) == 16 || N * sizeof(S) == 8 || N * sizeof(S) == 4, "vector width");
+    const gdn__raw_vec<S, N> raw = *reinterpret_cast<const gdn__raw_vec<S, N> *>(p);
+#pragma unroll
+    for (int j = 0; j < N; j++) out[j] = gdn__to_f32(raw.v[j]);
+}
+
+/* The same through the read-only path with an evict-first hint: for data read exactly once. */
+template <typename S, int N> __device__ __forceinline__ void gdn__load_vec_stream(const S *p, float (&out)[N])
+{
+    static_assert(N * sizeof(S) == 16, "streaming loads are 16 bytes");
+    const int4 bits = __ldcs(reinterpret_cast<const int4 *>(p));
+    gdn__raw_vec<S, N> raw;
+    memcpy(&raw, &bits, 16);
+#pragma unroll
+    for (int j = 0; j < N; j++) out[j] = gdn__to_f32(raw.v[j]);
+}
+
+/* Rounds N fp32 values once (to nearest even) to S and stores them in one access at `p`. */
+template <typename S, int N> __device__ __forceinline__ void gdn__store_vec(S *p, const float (&in)[N])
+{
+    static_assert(N * sizeof(S) == 16 || N * sizeof(S) == 8 || N * sizeof(S) == 4, "vector width");
+    gdn__raw_vec<S, N> raw;
+#pragma unroll
+    for (int j = 0; j < N; j++) raw.v[j] = gdn__from_f32<S>(in[j]);
+    *reinterpret_cast<gdn__raw_vec<S, N> *>(p) = raw;
+}
+
+#endif /* GDN_CUDA_COMMON_CUH */

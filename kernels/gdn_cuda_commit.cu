@@ -1,0 +1,88 @@
+/*
+ * Commit of a verify step (SPEC 3.1), every layer in one launch: for each batch row i with
+ * n = clamp(accepted[i], 0, T) > 0, state_l[w] = cache_l[i, n - 1] for every layer l, a plain copy in
+ * the state dtype (bit-exact with the cache). accepted[] and the slot lists are read on the device, so
+ * the launch can sit in a CUDA graph right after the sampler: no host sync, no allocation.
+ *
+ * Launch geometry: blockIdx.z = layer, blockIdx.y = batch row, blockIdx.x = chunk of the slot's bytes.
+ * Each thread copies CHUNK_VECS 16-byte vectors, all loads issued before the stores. Rows that commit
+ * nothing (padding, n == 0, a slot out of range) exit after reading three integers. When a pointer or
+ * stride is not 16-byte aligned the same kernel runs with 4-byte (fp32) or 2-byte (bf16) elements.
+ */
+#include "cuda_common.cuh"
+#include "gdn_cuda.h"
+
+#define GDN__COMMIT_THREADS 256
+#define GDN__COMMIT_VECS 4 /* vectors per thread */
+
+/* Copies `count` units of type U per (layer, row); U is int4 (16 bytes), unsigned or unsigned short. */
+template <typename U>
+__global__ void __launch_bounds__(GDN__COMMIT_THREADS) commit_kernel(const gdn__commit_params p, int64_t count)
+{
+    const int64_t i = blockIdx.y;
+    const int64_t l = blockIdx.z;
+    const int64_t r = p.read_slots[i];
+    if (r < 0) return;
+    const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
+    if (r >= p.num_slots || w >= p.num_slots) {
+        if (p.error_flag && blockIdx.x == 0 && l == 0 && threadIdx.x == 0) *p.error_flag = 1;
+        return;
+    }
+    int n = p.accepted[i];
+    n = n < 0 ? 0 : (n > p.T ? p.T : n);
+    if (n == 0) return;
+
+    /* Element offsets (in state elements) converted to units of U. */
+    const int64_t elem = p.state_dtype == GDN_DTYPE_F32 ? 4 : 2;
+    const int64_t slot_elems = (int64_t)p.HV * p.V * p.K;
+    const int64_t src_off = l * p.cache_layer_stride + i * p.cache_row_stride + (int64_t)(n - 1) * slot_elems;
+    const int64_t dst_off = l * p.state_layer_stride + w * p.slot_stride;
+    const U *src = reinterpret_cast<const U *>(static_cast<const char *>(p.cache) + src_off * elem);
+    U *dst = reinterpret_cast<U *>(static_cast<char *>(p.state) + dst_off * elem);
+
+    const int64_t base = (int64_t)blockIdx.x * GDN__COMMIT_THREADS * GDN__COMMIT_VECS + threadIdx.x;
+    U buf[GDN__COMMIT_VECS];
+#pragma unroll
+    for (int j = 0; j < GDN__COMMIT_VECS; j++) {
+        const int64_t idx = base + (int64_t)j * GDN__COMMIT_THREADS;
+        if (idx < count) buf[j] = __ldcs(src + idx);
+    }
+#pragma unroll
+    for (int j = 0; j < GDN__COMMIT_VECS; j++) {
+        const int64_t idx = base + (int64_t)j * GDN__COMMIT_THREADS;
+        if (idx < count) dst[idx] = buf[j];
+    }
+}
+
+template <typename U> static gdn_status launch(const gdn__commit_params *p, int64_t slot_bytes, cudaStream_t stream)
+{
+    const int64_t count = slot_bytes / (int64_t)sizeof(U);
+    const int64_t per_cta = (int64_t)GDN__COMMIT_THREADS * GDN__COMMIT_VECS;
+    const int64_t chunks = (count + per_cta - 1) / per_cta;
+    if (chunks > INT32_MAX) return GDN_ENOTSUP;
+    const dim3 grid((unsigned)chunks, (unsigned)p->B, (unsigned)p->num_layers);
+    commit_kernel<U><<<grid, GDN__COMMIT_THREADS, 0, stream>>>(*p, count);
+    GDN__CUDA_TRY(cudaGetLastError());
+    return GDN_OK;
+}
+
+extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream)
+{
+    if (!p) return GDN_EINVAL;
+    if (p->state_dtype != GDN_DTYPE_F32 && p->state_dtype != GDN_DTYPE_BF16) return GDN_ENOTSUP;
+    if (p->B < 0 || p->B > 65535 || p->num_layers < 0 || p->num_layers > 65535) return GDN_ENOTSUP;
+    if (p->T < 1 || p->T > GDN_MAX_TOKENS || p->HV < 1 || p->K < 1 || p->V < 1) return GDN_EINVAL;
+    if (p->B == 0 || p->num_layers == 0) return GDN_OK;
+    if (!p->state || !p->cache || !p->read_slots || !p->accepted) return GDN_EINVAL;
+    const int64_t elem = p->state_dtype == GDN_DTYPE_F32 ? 4 : 2;
+    const int64_t slot_elems = (int64_t)p->HV * p->V * p->K;
+    const int64_t slot_bytes = slot_elems * elem;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    /* Every address the kernel forms is a sum of these, so their common alignment picks the unit. */
+    const bool v16 = gdn__aligned(p->state, 16) && gdn__aligned(p->cache, 16) && slot_bytes % 16 == 0 &&
+                     (p->state_layer_stride * elem) % 16 == 0 && (p->slot_stride * elem) % 16 == 0 &&
+                     (p->cache_layer_stride * elem) % 16 == 0 && (p->cache_row_stride * elem) % 16 == 0;
+    if (v16) return launch<int4>(p, slot_bytes, s);
+    if (elem == 4) return launch<unsigned>(p, slot_bytes, s);
+    return launch<unsigned short>(p, slot_bytes, s);
+}
