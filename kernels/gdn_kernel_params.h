@@ -1,6 +1,6 @@
 /*
  * Parameters of the GDN kernel families, shared by the float64 CPU reference (kernels/ref/) and the
- * CUDA kernels (kernels/*.cu). Plain C so that both sides and the tests include it. All pointers are
+ * CUDA kernels (kernels/gdn_cuda_*.cu). Plain C so that both sides and the tests include it. All pointers are
  * in the memory space of the backend that runs the call; all offsets are int64_t.
  *
  * Layer step (one launch per layer): for each batch row i in [0, B) and value head h in [0, HV):

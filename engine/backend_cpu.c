@@ -1,0 +1,106 @@
+/*
+ * The CPU backend: backend memory is host memory from jemalloc, every operation completes before it
+ * returns, and the math is the float64 reference (kernels/ref/gdn_ref.c), so CPU results are the
+ * reference's. The reference's scratch is allocated here once, keeping the step path allocation-free.
+ */
+#include <string.h>
+
+#include "alloc.h"
+#include "backend_impl.h"
+#include "kernels/ref/gdn_ref.h"
+
+typedef struct cpu_backend {
+    void *scratch; /* gdn__ref_scratch_bytes() */
+} cpu_backend;
+
+static gdn_status cpu_alloc(void *ctx, size_t bytes, void **out)
+{
+    (void)ctx;
+    *out = gdn__calloc(1, bytes ? bytes : 1);
+    return *out ? GDN_OK : GDN_ENOMEM;
+}
+
+static void cpu_free(void *ctx, void *ptr)
+{
+    (void)ctx;
+    gdn__free(ptr);
+}
+
+static gdn_status cpu_zero(void *ctx, void *ptr, size_t bytes, void *stream)
+{
+    (void)ctx, (void)stream;
+    memset(ptr, 0, bytes);
+    return GDN_OK;
+}
+
+static gdn_status cpu_copy(void *ctx, void *dst, const void *src, size_t bytes, void *stream)
+{
+    (void)ctx, (void)stream;
+    memmove(dst, src, bytes);
+    return GDN_OK;
+}
+
+static gdn_status cpu_layer_step(void *ctx, const gdn__layer_params *params, void *stream)
+{
+    (void)stream;
+    gdn__ref_layer_step_in(params, ((cpu_backend *)ctx)->scratch);
+    return GDN_OK;
+}
+
+static gdn_status cpu_commit(void *ctx, const gdn__commit_params *params, void *stream)
+{
+    (void)ctx, (void)stream;
+    gdn__ref_commit(params);
+    return GDN_OK;
+}
+
+static gdn_status cpu_synchronize(void *ctx, void *stream)
+{
+    (void)ctx, (void)stream;
+    return GDN_OK;
+}
+
+static const char *cpu_last_error(const void *ctx)
+{
+    (void)ctx;
+    return "";
+}
+
+static void cpu_destroy(void *ctx)
+{
+    cpu_backend *cpu = ctx;
+    if (!cpu) return;
+    gdn__free(cpu->scratch);
+    gdn__free(cpu);
+}
+
+static const gdn__backend_iface cpu_iface = {
+    .kind = GDN_BACKEND_CPU,
+    .name = "cpu (float64 reference)",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .upload_staged = cpu_copy,
+    .layer_step = cpu_layer_step,
+    .commit = cpu_commit,
+    .synchronize = cpu_synchronize,
+    .last_error = cpu_last_error,
+    .destroy = cpu_destroy,
+};
+
+gdn_status gdn__backend_cpu_create(size_t staging_bytes, gdn__backend *out)
+{
+    (void)staging_bytes; /* staged uploads are plain copies here */
+    cpu_backend *cpu = gdn__calloc(1, sizeof *cpu);
+    if (!cpu) return GDN_ENOMEM;
+    cpu->scratch = gdn__malloc(gdn__ref_scratch_bytes());
+    if (!cpu->scratch) {
+        cpu_destroy(cpu);
+        return GDN_ENOMEM;
+    }
+    out->iface = &cpu_iface;
+    out->ctx = cpu;
+    return GDN_OK;
+}

@@ -1,0 +1,52 @@
+/*
+ * The backend interface: what the engine needs from a place that holds state and runs the math.
+ * Two implementations: backend_cpu.c (the float64 reference, host memory) and backend_cuda.c (the
+ * CUDA kernels, device memory). The engine (engine.c) owns all policy; backends only move bytes and
+ * run kernels. `stream` is a cudaStream_t on CUDA and ignored on CPU.
+ */
+#ifndef GDN_ENGINE_BACKEND_IMPL_H
+#define GDN_ENGINE_BACKEND_IMPL_H
+
+#include "gdn/gdn.h"
+#include "kernels/gdn_kernel_params.h"
+
+typedef struct gdn__backend_iface {
+    gdn_backend_kind kind;
+    const char *name;
+
+    /* Backend memory, zero-filled. GDN_ENOMEM on failure. */
+    gdn_status (*alloc)(void *ctx, size_t bytes, void **out);
+    /* NULL is a no-op. */
+    void (*free)(void *ctx, void *ptr);
+    /* Enqueues a zero fill of backend memory. */
+    gdn_status (*zero)(void *ctx, void *ptr, size_t bytes, void *stream);
+    /* Enqueue copies between caller host memory and backend memory (host memory must live until
+     * the stream reaches the copy). */
+    gdn_status (*upload)(void *ctx, void *dst, const void *host_src, size_t bytes, void *stream);
+    gdn_status (*download)(void *ctx, void *host_dst, const void *src, size_t bytes, void *stream);
+    /* Enqueues an upload from transient host memory (reusable as soon as the call returns) of at most
+     * the staging size given at creation, without a host sync in steady state. */
+    gdn_status (*upload_staged)(void *ctx, void *dst, const void *host_src, size_t bytes, void *stream);
+    /* Enqueue the kernels (kernels/gdn_kernel_params.h gives the semantics). */
+    gdn_status (*layer_step)(void *ctx, const gdn__layer_params *params, void *stream);
+    gdn_status (*commit)(void *ctx, const gdn__commit_params *params, void *stream);
+    /* Waits for the stream. */
+    gdn_status (*synchronize)(void *ctx, void *stream);
+    /* The last runtime error as text, "" if none. */
+    const char *(*last_error)(const void *ctx);
+    /* Frees the context (all backend memory must already be freed). */
+    void (*destroy)(void *ctx);
+} gdn__backend_iface;
+
+typedef struct gdn__backend {
+    const gdn__backend_iface *iface;
+    void *ctx;
+} gdn__backend;
+
+/* Creates the CPU backend. staging_bytes: the largest upload_staged. */
+gdn_status gdn__backend_cpu_create(size_t staging_bytes, gdn__backend *out);
+
+/* Creates the CUDA backend on `device`: GDN_ENODEV when this build has no CUDA or no GPU is usable. */
+gdn_status gdn__backend_cuda_create(int32_t device, size_t staging_bytes, gdn__backend *out);
+
+#endif /* GDN_ENGINE_BACKEND_IMPL_H */

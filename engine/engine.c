@@ -1,0 +1,505 @@
+/*
+ * The engine: owns the configuration, the backend, the slot table and every buffer, and turns the
+ * public step calls into backend kernel launches. Everything is allocated in gdn_engine_create; the
+ * step path (begin_step, run_layer, commit) only validates on the host, stages slot indices and
+ * enqueues work. Policy lives here; backends (backend_cpu.c, backend_cuda.c) only run it.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "backend_impl.h"
+#include "config.h"
+#include "slots.h"
+
+/* One step as the engine remembers it between begin_step and the next begin_step. */
+typedef struct step_state {
+    int active;             /* begin_step succeeded */
+    gdn_step_kind kind;
+    int32_t tokens;
+    int32_t batch;          /* rows the caller gave */
+    int32_t bucket;         /* padded rows the kernels run */
+    int has_write_slots;
+    int32_t layers_done;    /* distinct layers run */
+    int committed;
+} step_state;
+
+struct gdn_engine {
+    gdn_engine_config config; /* resolved: buckets and scale filled in */
+    gdn__backend backend;
+    gdn__slot_table slots;
+
+    /* Backend memory. */
+    void *state;                /* [L, num_slots, HV, V, K] state_dtype */
+    int64_t slot_stride;        /* elements */
+    int64_t state_layer_stride; /* elements */
+    void *cache;                /* [L, max_batch, max_tokens, HV, V, K] state_dtype, or NULL */
+    int64_t cache_row_stride;
+    int64_t cache_layer_stride;
+    void *io_block;             /* every layer's q, k, v, a, b, o */
+    float *params;              /* [L][2][HV]: A_log then dt_bias */
+    int32_t *indices;           /* read slots [max_batch], write slots [max_batch], accepted
+                                 * [max_batch], error flag [1] */
+
+    gdn_layer_io *io;     /* host [L] */
+    uint8_t *layer_ran;   /* host [L] */
+    int32_t *row_staging; /* host [2 * max_batch]: padded read then write slots */
+    step_state step;
+    gdn_memory_report memory;
+};
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Helpers                                                                                          */
+/* ---------------------------------------------------------------------------------------------- */
+
+static int32_t *read_slots_buffer(const gdn_engine *e) { return e->indices; }
+static int32_t *write_slots_buffer(const gdn_engine *e) { return e->indices + e->config.max_batch; }
+static int32_t *accepted_buffer(const gdn_engine *e) { return e->indices + 2 * e->config.max_batch; }
+static int32_t *error_flag_buffer(const gdn_engine *e) { return e->indices + 3 * e->config.max_batch; }
+
+static size_t align_up(size_t bytes) { return (bytes + 255u) & ~(size_t)255u; }
+
+static gdn_status backend_alloc(gdn_engine *e, size_t bytes, void **out, uint64_t *counter)
+{
+    gdn_status status = e->backend.iface->alloc(e->backend.ctx, bytes, out);
+    if (status == GDN_OK) {
+        *counter += bytes;
+        e->memory.total += bytes;
+    }
+    return status;
+}
+
+static int64_t state_elems_per_slot(const gdn_engine_config *c)
+{
+    return (int64_t)c->model.num_v_heads * c->model.head_dim_v * c->model.head_dim_k;
+}
+
+#ifndef GDN_HAVE_CUDA
+/* This build has no CUDA backend: asking for it is the same as having no GPU. */
+gdn_status gdn__backend_cuda_create(int32_t device, size_t staging_bytes, gdn__backend *out)
+{
+    (void)device, (void)staging_bytes, (void)out;
+    return GDN_ENODEV;
+}
+#endif
+
+static gdn_status create_backend(const gdn_engine_config *c, size_t staging_bytes, gdn__backend *out)
+{
+    switch (c->backend) {
+    case GDN_BACKEND_CPU: return gdn__backend_cpu_create(staging_bytes, out);
+    case GDN_BACKEND_CUDA: return gdn__backend_cuda_create(c->device, staging_bytes, out);
+    case GDN_BACKEND_AUTO: {
+        gdn_status status = gdn__backend_cuda_create(c->device, staging_bytes, out);
+        return status == GDN_ENODEV ? gdn__backend_cpu_create(staging_bytes, out) : status;
+    }
+    }
+    return GDN_ECONFIG_BACKEND;
+}
+
+/* Carves every layer's q, k, v, a, b, o out of one allocation. */
+static gdn_status allocate_io(gdn_engine *e)
+{
+    const gdn_engine_config *c = &e->config;
+    const size_t rows = (size_t)c->max_batch * (size_t)c->max_tokens;
+    const size_t in = gdn_dtype_size(c->input_dtype), out = gdn_dtype_size(c->output_dtype);
+    const size_t HK = (size_t)c->model.num_k_heads, HV = (size_t)c->model.num_v_heads;
+    const size_t K = (size_t)c->model.head_dim_k, V = (size_t)c->model.head_dim_v;
+    const size_t qk_bytes = align_up(rows * HK * K * in);
+    const size_t v_bytes = align_up(rows * HV * V * in);
+    const size_t gate_bytes = align_up(rows * HV * in);
+    const size_t o_bytes = align_up(rows * HV * V * out);
+    const size_t per_layer = 2 * qk_bytes + v_bytes + 2 * gate_bytes + o_bytes;
+    gdn_status status = backend_alloc(e, per_layer * (size_t)c->model.num_layers, &e->io_block,
+                                      &e->memory.io_buffers);
+    if (status != GDN_OK) return status;
+    for (int32_t l = 0; l < c->model.num_layers; l++) {
+        char *p = (char *)e->io_block + (size_t)l * per_layer;
+        gdn_layer_io *io = &e->io[l];
+        io->q = p, p += qk_bytes;
+        io->k = p, p += qk_bytes;
+        io->v = p, p += v_bytes;
+        io->a = p, p += gate_bytes;
+        io->b = p, p += gate_bytes;
+        io->o = p;
+    }
+    return GDN_OK;
+}
+
+static gdn_status allocate_everything(gdn_engine *e)
+{
+    const gdn_engine_config *c = &e->config;
+    const int32_t L = c->model.num_layers, HV = c->model.num_v_heads;
+    const size_t state_size = gdn_dtype_size(c->state_dtype);
+    gdn_status status;
+
+    e->io = gdn__calloc((size_t)L, sizeof *e->io);
+    e->layer_ran = gdn__calloc((size_t)L, sizeof *e->layer_ran);
+    e->row_staging = gdn__calloc(2 * (size_t)c->max_batch, sizeof *e->row_staging);
+    if (!e->io || !e->layer_ran || !e->row_staging) return GDN_ENOMEM;
+    if ((status = gdn__slots_init(&e->slots, c->num_slots)) != GDN_OK) return status;
+
+    e->slot_stride = state_elems_per_slot(c);
+    e->state_layer_stride = e->slot_stride * c->num_slots;
+    status = backend_alloc(e, (size_t)(e->state_layer_stride * L) * state_size, &e->state, &e->memory.state_pools);
+    if (status != GDN_OK) return status;
+
+    if (c->verify_strategy == GDN_VERIFY_CACHE) {
+        e->cache_row_stride = e->slot_stride * c->max_tokens;
+        e->cache_layer_stride = e->cache_row_stride * c->max_batch;
+        status = backend_alloc(e, (size_t)(e->cache_layer_stride * L) * state_size, &e->cache,
+                               &e->memory.verify_cache);
+        if (status != GDN_OK) return status;
+    }
+    if ((status = allocate_io(e)) != GDN_OK) return status;
+    status = backend_alloc(e, (size_t)L * 2 * (size_t)HV * sizeof(float), (void **)&e->params, &e->memory.parameters);
+    if (status != GDN_OK) return status;
+    return backend_alloc(e, (3 * (size_t)c->max_batch + 1) * sizeof(int32_t), (void **)&e->indices, &e->memory.indices);
+}
+
+static void release_everything(gdn_engine *e)
+{
+    if (e->backend.iface) {
+        const gdn__backend_iface *b = e->backend.iface;
+        b->synchronize(e->backend.ctx, NULL);
+        b->free(e->backend.ctx, e->state);
+        b->free(e->backend.ctx, e->cache);
+        b->free(e->backend.ctx, e->io_block);
+        b->free(e->backend.ctx, e->params);
+        b->free(e->backend.ctx, e->indices);
+        b->destroy(e->backend.ctx);
+    }
+    gdn__slots_release(&e->slots);
+    gdn__free(e->io);
+    gdn__free(e->layer_ran);
+    gdn__free(e->row_staging);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Lifecycle                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
+{
+    if (!config || !out) return GDN_EINVAL;
+    gdn_engine_config resolved;
+    gdn_status status = gdn__config_resolve(config, &resolved);
+    if (status != GDN_OK) return status;
+    if (resolved.verify_strategy == GDN_VERIFY_REPLAY) return GDN_ENOTSUP;
+
+    gdn_engine *e = gdn__calloc(1, sizeof *e);
+    if (!e) return GDN_ENOMEM;
+    e->config = resolved;
+    status = create_backend(&resolved, 2 * (size_t)resolved.max_batch * sizeof(int32_t), &e->backend);
+    if (status == GDN_OK) status = allocate_everything(e);
+    if (status == GDN_OK) status = e->backend.iface->synchronize(e->backend.ctx, NULL); /* zero fills done */
+    if (status != GDN_OK) {
+        release_everything(e);
+        gdn__free(e);
+        return status;
+    }
+    *out = e;
+    return GDN_OK;
+}
+
+void gdn_engine_destroy(gdn_engine *engine)
+{
+    if (!engine) return;
+    release_everything(engine);
+    gdn__free(engine);
+}
+
+gdn_backend_kind gdn_engine_backend(const gdn_engine *engine) { return engine->backend.iface->kind; }
+
+const gdn_engine_config *gdn_engine_get_config(const gdn_engine *engine) { return &engine->config; }
+
+const char *gdn_engine_last_error(const gdn_engine *engine)
+{
+    return engine ? engine->backend.iface->last_error(engine->backend.ctx) : "";
+}
+
+gdn_status gdn_engine_memory(const gdn_engine *engine, gdn_memory_report *report)
+{
+    if (!engine || !report) return GDN_EINVAL;
+    *report = engine->memory;
+    return GDN_OK;
+}
+
+gdn_status gdn_engine_set_layer_params(gdn_engine *e, int32_t layer, const float *A_log, const float *dt_bias)
+{
+    if (!e || !A_log || !dt_bias) return GDN_EINVAL;
+    if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
+    const size_t HV = (size_t)e->config.model.num_v_heads;
+    float *dst = e->params + (size_t)layer * 2 * HV;
+    const gdn__backend_iface *b = e->backend.iface;
+    gdn_status status = b->upload(e->backend.ctx, dst, A_log, HV * sizeof(float), NULL);
+    if (status == GDN_OK) status = b->upload(e->backend.ctx, dst + HV, dt_bias, HV * sizeof(float), NULL);
+    if (status == GDN_OK) status = b->synchronize(e->backend.ctx, NULL);
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Slots and buffers                                                                                */
+/* ---------------------------------------------------------------------------------------------- */
+
+gdn_status gdn_slot_alloc(gdn_engine *e, int32_t *slot)
+{
+    if (!e || !slot) return GDN_EINVAL;
+    return gdn__slots_alloc(&e->slots, slot);
+}
+
+gdn_status gdn_slot_free(gdn_engine *e, int32_t slot)
+{
+    if (!e) return GDN_EINVAL;
+    return gdn__slots_free(&e->slots, slot);
+}
+
+static size_t slot_state_bytes(const gdn_engine *e)
+{
+    return (size_t)e->slot_stride * gdn_dtype_size(e->config.state_dtype);
+}
+
+static void *slot_state(const gdn_engine *e, int32_t layer, int32_t slot)
+{
+    const int64_t offset = layer * e->state_layer_stride + (int64_t)slot * e->slot_stride;
+    return (char *)e->state + (size_t)offset * gdn_dtype_size(e->config.state_dtype);
+}
+
+gdn_status gdn_slot_reset(gdn_engine *e, int32_t slot, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    gdn_status status = gdn__slots_check_live(&e->slots, slot);
+    if (status != GDN_OK) return status;
+    for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++)
+        status = e->backend.iface->zero(e->backend.ctx, slot_state(e, l, slot), slot_state_bytes(e), stream);
+    return status;
+}
+
+int gdn_slot_is_allocated(const gdn_engine *e, int32_t slot)
+{
+    return e && gdn__slots_check_live(&e->slots, slot) == GDN_OK;
+}
+
+int32_t gdn_slot_count(const gdn_engine *e)
+{
+    return e ? e->slots.num_slots - e->slots.free_count : 0;
+}
+
+static gdn_status check_slot_layer(const gdn_engine *e, int32_t layer, int32_t slot)
+{
+    if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
+    return gdn__slots_check_live(&e->slots, slot);
+}
+
+gdn_status gdn_slot_read_state(gdn_engine *e, int32_t layer, int32_t slot, void *host_dst)
+{
+    if (!e || !host_dst) return GDN_EINVAL;
+    gdn_status status = check_slot_layer(e, layer, slot);
+    if (status != GDN_OK) return status;
+    status = e->backend.iface->download(e->backend.ctx, host_dst, slot_state(e, layer, slot), slot_state_bytes(e), NULL);
+    return status == GDN_OK ? e->backend.iface->synchronize(e->backend.ctx, NULL) : status;
+}
+
+gdn_status gdn_slot_write_state(gdn_engine *e, int32_t layer, int32_t slot, const void *host_src)
+{
+    if (!e || !host_src) return GDN_EINVAL;
+    gdn_status status = check_slot_layer(e, layer, slot);
+    if (status != GDN_OK) return status;
+    status = e->backend.iface->upload(e->backend.ctx, slot_state(e, layer, slot), host_src, slot_state_bytes(e), NULL);
+    return status == GDN_OK ? e->backend.iface->synchronize(e->backend.ctx, NULL) : status;
+}
+
+gdn_status gdn_engine_state_pool(gdn_engine *e, int32_t layer, gdn_state_pool *pool)
+{
+    if (!e || !pool) return GDN_EINVAL;
+    if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
+    pool->data = slot_state(e, layer, 0);
+    pool->dtype = e->config.state_dtype;
+    pool->num_slots = e->config.num_slots;
+    pool->slot_stride = e->slot_stride;
+    return GDN_OK;
+}
+
+gdn_status gdn_engine_layer_io(gdn_engine *e, int32_t layer, gdn_layer_io *io)
+{
+    if (!e || !io) return GDN_EINVAL;
+    if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
+    *io = e->io[layer];
+    return GDN_OK;
+}
+
+int32_t *gdn_engine_accepted(gdn_engine *e) { return e ? accepted_buffer(e) : NULL; }
+
+gdn_status gdn_engine_upload(gdn_engine *e, void *dst, const void *src, size_t bytes, void *stream)
+{
+    if (!e || !dst || !src) return GDN_EINVAL;
+    return e->backend.iface->upload(e->backend.ctx, dst, src, bytes, stream);
+}
+
+gdn_status gdn_engine_download(gdn_engine *e, void *dst, const void *src, size_t bytes, void *stream)
+{
+    if (!e || !dst || !src) return GDN_EINVAL;
+    return e->backend.iface->download(e->backend.ctx, dst, src, bytes, stream);
+}
+
+gdn_status gdn_engine_synchronize(gdn_engine *e, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    return e->backend.iface->synchronize(e->backend.ctx, stream);
+}
+
+gdn_status gdn_engine_check_device_error(gdn_engine *e, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    const gdn__backend_iface *b = e->backend.iface;
+    int32_t flag = 0;
+    gdn_status status = b->download(e->backend.ctx, &flag, error_flag_buffer(e), sizeof flag, stream);
+    if (status == GDN_OK) status = b->synchronize(e->backend.ctx, stream);
+    if (status != GDN_OK) return status;
+    if (!flag) return GDN_OK;
+    status = b->zero(e->backend.ctx, error_flag_buffer(e), sizeof flag, stream);
+    if (status == GDN_OK) status = b->synchronize(e->backend.ctx, stream);
+    return status == GDN_OK ? GDN_EDEVICE : status;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Steps                                                                                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stream, int32_t *bucket_out)
+{
+    if (!e || !step) return GDN_EINVAL;
+    const gdn_engine_config *c = &e->config;
+    if (step->kind != GDN_STEP_DECODE && step->kind != GDN_STEP_VERIFY) return GDN_ESTEP_KIND;
+    if (step->batch < 0 || step->batch > c->max_batch) return GDN_ESTEP_BATCH;
+    if (step->batch > 0 && !step->slots) return GDN_EINVAL;
+    if (step->kind == GDN_STEP_DECODE ? step->tokens != 1 : (step->tokens < 1 || step->tokens > c->max_tokens))
+        return GDN_ESTEP_TOKENS;
+    gdn_status status = gdn__slots_check_step(&e->slots, step->batch, step->slots, step->write_slots);
+    if (status != GDN_OK) return status;
+
+    /* Stage the padded rows: read slots then (if distinct) write slots. */
+    const int32_t bucket = step->batch == 0 ? 1 : gdn__bucket_for(c, step->batch);
+    int32_t *staged_read = e->row_staging, *staged_write = e->row_staging + bucket;
+    for (int32_t i = 0; i < bucket; i++) {
+        const int live = i < step->batch && step->slots[i] >= 0;
+        staged_read[i] = live ? step->slots[i] : -1;
+        if (step->write_slots) staged_write[i] = live ? step->write_slots[i] : -1;
+    }
+    const size_t row_bytes = (size_t)bucket * sizeof(int32_t);
+    const gdn__backend_iface *b = e->backend.iface;
+    status = b->upload_staged(e->backend.ctx, read_slots_buffer(e), staged_read, row_bytes, stream);
+    if (status == GDN_OK && step->write_slots)
+        status = b->upload_staged(e->backend.ctx, write_slots_buffer(e), staged_write, row_bytes, stream);
+    if (status != GDN_OK) {
+        e->step.active = 0; /* the device indices may be half-written: no step can run on them */
+        return status;
+    }
+
+    e->step = (step_state){
+        .active = 1,
+        .kind = step->kind,
+        .tokens = step->tokens,
+        .batch = step->batch,
+        .bucket = bucket,
+        .has_write_slots = step->write_slots != NULL,
+    };
+    memset(e->layer_ran, 0, (size_t)c->model.num_layers);
+    if (bucket_out) *bucket_out = bucket;
+    return GDN_OK;
+}
+
+static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn__layer_params *p)
+{
+    const gdn_engine_config *c = &e->config;
+    const size_t state_size = gdn_dtype_size(c->state_dtype);
+    const gdn_layer_io *io = &e->io[layer];
+    memset(p, 0, sizeof *p);
+    p->B = e->step.bucket;
+    p->T = e->step.tokens;
+    p->HK = c->model.num_k_heads;
+    p->HV = c->model.num_v_heads;
+    p->K = c->model.head_dim_k;
+    p->V = c->model.head_dim_v;
+    p->scale = c->model.scale;
+    p->use_qk_l2norm = c->model.use_qk_l2norm;
+    p->input_dtype = c->input_dtype;
+    p->q = io->q, p->k = io->k, p->v = io->v, p->a = io->a, p->b = io->b;
+    p->A_log = e->params + (size_t)layer * 2 * (size_t)p->HV;
+    p->dt_bias = p->A_log + p->HV;
+    p->state_dtype = c->state_dtype;
+    p->state = (char *)e->state + (size_t)(layer * e->state_layer_stride) * state_size;
+    p->num_slots = c->num_slots;
+    p->slot_stride = e->slot_stride;
+    p->read_slots = read_slots_buffer(e);
+    p->write_slots = e->step.has_write_slots ? write_slots_buffer(e) : NULL;
+    p->output_dtype = c->output_dtype;
+    p->out = io->o;
+    if (e->step.kind == GDN_STEP_VERIFY) {
+        p->cache = (char *)e->cache + (size_t)(layer * e->cache_layer_stride) * state_size;
+        p->cache_row_stride = e->cache_row_stride;
+    }
+    p->error_flag = error_flag_buffer(e);
+}
+
+gdn_status gdn_engine_run_layer(gdn_engine *e, int32_t layer, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
+    if (!e->step.active || e->step.committed) return GDN_EMISUSE;
+    if (e->step.batch == 0) return GDN_OK; /* nothing to run: an empty step touches nothing */
+    gdn__layer_params params;
+    fill_layer_params(e, layer, &params);
+    gdn_status status = e->backend.iface->layer_step(e->backend.ctx, &params, stream);
+    if (status != GDN_OK) return status;
+    if (!e->layer_ran[layer]) {
+        e->layer_ran[layer] = 1;
+        e->step.layers_done++;
+    }
+    return GDN_OK;
+}
+
+gdn_status gdn_engine_run_step(gdn_engine *e, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    if (!e->step.active || e->step.committed) return GDN_EMISUSE;
+    for (int32_t l = 0; l < e->config.model.num_layers; l++) {
+        gdn_status status = gdn_engine_run_layer(e, l, stream);
+        if (status != GDN_OK) return status;
+    }
+    return GDN_OK;
+}
+
+gdn_status gdn_engine_commit(gdn_engine *e, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    const gdn_engine_config *c = &e->config;
+    const int all_layers_ran = e->step.batch == 0 || e->step.layers_done == c->model.num_layers;
+    if (!e->step.active || e->step.kind != GDN_STEP_VERIFY || e->step.committed || !all_layers_ran)
+        return GDN_EMISUSE;
+    if (e->step.batch > 0) {
+        gdn__commit_params p = {
+            .B = e->step.bucket,
+            .T = e->step.tokens,
+            .num_layers = c->model.num_layers,
+            .HV = c->model.num_v_heads,
+            .K = c->model.head_dim_k,
+            .V = c->model.head_dim_v,
+            .state_dtype = c->state_dtype,
+            .state = e->state,
+            .state_layer_stride = e->state_layer_stride,
+            .num_slots = c->num_slots,
+            .slot_stride = e->slot_stride,
+            .cache = e->cache,
+            .cache_layer_stride = e->cache_layer_stride,
+            .cache_row_stride = e->cache_row_stride,
+            .read_slots = read_slots_buffer(e),
+            .write_slots = e->step.has_write_slots ? write_slots_buffer(e) : NULL,
+            .accepted = accepted_buffer(e),
+            .error_flag = error_flag_buffer(e),
+        };
+        gdn_status status = e->backend.iface->commit(e->backend.ctx, &p, stream);
+        if (status != GDN_OK) return status;
+    }
+    e->step.committed = 1;
+    return GDN_OK;
+}

@@ -1,0 +1,224 @@
+/* Presets, configuration defaults, and validation: each invalid field has its own status. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "gdn/gdn.h"
+#include "support.h"
+
+static gdn_engine_config valid(void) { return test_config("tiny", 2, GDN_DTYPE_F32, 8, 8, 4); }
+
+/* The field's status from both validate and create, and create must leave *out untouched. */
+static void expect_invalid(const gdn_engine_config *config, gdn_status expected)
+{
+    cr_assert_eq(gdn_engine_config_validate(config), expected, "validate gave %s, wanted %s",
+                 gdn_status_name(gdn_engine_config_validate(config)), gdn_status_name(expected));
+    gdn_engine *sentinel = (gdn_engine *)(uintptr_t)0x1234;
+    gdn_engine *out = sentinel;
+    cr_assert_eq(gdn_engine_create(config, &out), expected);
+    cr_assert_eq(out, sentinel, "a failed create must not write *out");
+}
+
+Test(config, presets_match_the_spec)
+{
+    gdn_model_config m;
+    cr_assert_eq(gdn_model_preset("qwen3-next", 36, &m), GDN_OK);
+    cr_assert(m.num_layers == 36 && m.num_k_heads == 16 && m.num_v_heads == 32 && m.head_dim_k == 128 &&
+              m.head_dim_v == 128 && m.use_qk_l2norm == 1 && m.scale == 0.0f);
+    cr_assert_eq(gdn_model_preset("qwen3.5", 1, &m), GDN_OK);
+    cr_assert(m.num_k_heads == 16 && m.num_v_heads == 64 && m.head_dim_k == 128 && m.head_dim_v == 128);
+    cr_assert_eq(gdn_model_preset("tiny", 1, &m), GDN_OK);
+    cr_assert(m.num_k_heads == 2 && m.num_v_heads == 4 && m.head_dim_k == 64 && m.head_dim_v == 64);
+    cr_assert_eq(gdn_model_preset("llama", 1, &m), GDN_EINVAL);
+    cr_assert_eq(gdn_model_preset(NULL, 1, &m), GDN_EINVAL);
+    cr_assert_eq(gdn_model_preset("tiny", 1, NULL), GDN_EINVAL);
+}
+
+Test(config, defaults_are_valid_and_documented)
+{
+    gdn_model_config m;
+    gdn_model_preset("qwen3-next", 4, &m);
+    gdn_engine_config c;
+    cr_assert_eq(gdn_engine_config_init(&c, &m), GDN_OK);
+    cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
+    cr_assert_eq(c.state_dtype, GDN_DTYPE_F32);
+    cr_assert_eq(c.input_dtype, GDN_DTYPE_BF16);
+    cr_assert_eq(c.output_dtype, GDN_DTYPE_BF16);
+    cr_assert_eq(c.verify_strategy, GDN_VERIFY_CACHE);
+    cr_assert_eq(c.backend, GDN_BACKEND_AUTO);
+    cr_assert_eq(c.num_buckets, 0);
+    cr_assert_eq(gdn_engine_config_init(NULL, &m), GDN_EINVAL);
+    cr_assert_eq(gdn_engine_config_init(&c, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_engine_config_validate(NULL), GDN_EINVAL);
+}
+
+Test(config, rejects_bad_layers)
+{
+    gdn_engine_config c = valid();
+    c.model.num_layers = 0;
+    expect_invalid(&c, GDN_ECONFIG_LAYERS);
+}
+
+Test(config, rejects_bad_heads)
+{
+    gdn_engine_config c = valid();
+    c.model.num_k_heads = 0;
+    expect_invalid(&c, GDN_ECONFIG_HEADS);
+    c = valid();
+    c.model.num_v_heads = -4;
+    expect_invalid(&c, GDN_ECONFIG_HEADS);
+    c = valid();
+    c.model.num_k_heads = 3; /* HV = 4 is not a multiple of 3 */
+    expect_invalid(&c, GDN_ECONFIG_HEADS);
+}
+
+Test(config, rejects_bad_head_dims)
+{
+    gdn_engine_config c = valid();
+    c.model.head_dim_k = 96;
+    expect_invalid(&c, GDN_ECONFIG_HEAD_DIM);
+    c = valid();
+    c.model.head_dim_v = 32;
+    expect_invalid(&c, GDN_ECONFIG_HEAD_DIM);
+    c = valid();
+    c.model.head_dim_k = 512;
+    expect_invalid(&c, GDN_ECONFIG_HEAD_DIM);
+}
+
+Test(config, rejects_bad_scale)
+{
+    gdn_engine_config c = valid();
+    c.model.scale = -1.0f;
+    expect_invalid(&c, GDN_ECONFIG_SCALE);
+    c.model.scale = NAN;
+    expect_invalid(&c, GDN_ECONFIG_SCALE);
+    c.model.scale = INFINITY;
+    expect_invalid(&c, GDN_ECONFIG_SCALE);
+}
+
+Test(config, rejects_bad_dtypes)
+{
+    gdn_engine_config c = valid();
+    c.state_dtype = GDN_DTYPE_F16;
+    expect_invalid(&c, GDN_ECONFIG_STATE_DTYPE);
+    c = valid();
+    c.input_dtype = GDN_DTYPE_F32;
+    expect_invalid(&c, GDN_ECONFIG_INPUT_DTYPE);
+    c = valid();
+    c.output_dtype = GDN_DTYPE_F16;
+    expect_invalid(&c, GDN_ECONFIG_OUTPUT_DTYPE);
+    c = valid();
+    c.output_dtype = (gdn_dtype)9;
+    expect_invalid(&c, GDN_ECONFIG_OUTPUT_DTYPE);
+}
+
+Test(config, rejects_bad_sizes)
+{
+    gdn_engine_config c = valid();
+    c.num_slots = 0;
+    expect_invalid(&c, GDN_ECONFIG_SLOTS);
+    c = valid();
+    c.max_batch = 0;
+    expect_invalid(&c, GDN_ECONFIG_MAX_BATCH);
+    c = valid();
+    c.max_tokens = 0;
+    expect_invalid(&c, GDN_ECONFIG_MAX_TOKENS);
+    c.max_tokens = GDN_MAX_TOKENS + 1;
+    expect_invalid(&c, GDN_ECONFIG_MAX_TOKENS);
+}
+
+Test(config, rejects_bad_buckets)
+{
+    gdn_engine_config c = valid(); /* max_batch 8 */
+    c.num_buckets = 3;
+    c.buckets[0] = 2, c.buckets[1] = 2, c.buckets[2] = 8; /* not strictly increasing */
+    expect_invalid(&c, GDN_ECONFIG_BUCKETS);
+    c.buckets[0] = 0, c.buckets[1] = 4; /* zero */
+    expect_invalid(&c, GDN_ECONFIG_BUCKETS);
+    c.buckets[0] = 1, c.buckets[1] = 4, c.buckets[2] = 6; /* does not end at max_batch */
+    expect_invalid(&c, GDN_ECONFIG_BUCKETS);
+    c.num_buckets = GDN_MAX_BUCKETS + 1;
+    expect_invalid(&c, GDN_ECONFIG_BUCKETS);
+    c.num_buckets = -1;
+    expect_invalid(&c, GDN_ECONFIG_BUCKETS);
+    c.num_buckets = 3, c.buckets[2] = 8;
+    cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
+}
+
+Test(config, rejects_bad_strategy_and_backend)
+{
+    gdn_engine_config c = valid();
+    c.verify_strategy = (gdn_verify_strategy)7;
+    expect_invalid(&c, GDN_ECONFIG_VERIFY);
+    c = valid();
+    c.backend = (gdn_backend_kind)7;
+    expect_invalid(&c, GDN_ECONFIG_BACKEND);
+}
+
+Test(config, replay_strategy_is_not_supported_yet)
+{
+    gdn_engine_config c = valid();
+    c.verify_strategy = GDN_VERIFY_REPLAY;
+    cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
+    gdn_engine *e = NULL;
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_ENOTSUP);
+    cr_assert_null(e);
+}
+
+Test(config, default_buckets_follow_the_documented_list)
+{
+    gdn_engine_config c = test_config("tiny", 1, GDN_DTYPE_F32, 4, 300, 1);
+    gdn_engine *e = NULL;
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
+    const gdn_engine_config *r = gdn_engine_get_config(e);
+    const int32_t expected_head[] = {1, 2, 4, 8, 16, 24, 32};
+    for (size_t i = 0; i < sizeof expected_head / sizeof expected_head[0]; i++)
+        cr_assert_eq(r->buckets[i], expected_head[i], "bucket %zu", i);
+    /* 1, 2, 4, 8, then 16..256 by 8 (31 entries), then 272, 288, then max_batch 300 */
+    cr_assert_eq(r->num_buckets, 4 + 31 + 2 + 1);
+    cr_assert_eq(r->buckets[34], 256);
+    cr_assert_eq(r->buckets[35], 272);
+    cr_assert_eq(r->buckets[36], 288);
+    cr_assert_eq(r->buckets[37], 300);
+    cr_assert_float_eq(r->model.scale, 0.125f, 1e-7, "scale resolves to K^-0.5");
+    gdn_engine_destroy(e);
+}
+
+Test(config, create_rejects_null_and_destroy_null_is_a_noop)
+{
+    gdn_engine *e = NULL;
+    gdn_engine_config c = valid();
+    cr_assert_eq(gdn_engine_create(NULL, &e), GDN_EINVAL);
+    cr_assert_eq(gdn_engine_create(&c, NULL), GDN_EINVAL);
+    gdn_engine_destroy(NULL);
+}
+
+Test(config, cuda_backend_without_gpu_is_enodev)
+{
+    if (test_have_gpu()) cr_skip_test("a GPU is present: the ENODEV path cannot be exercised here");
+    gdn_engine_config c = valid();
+    c.backend = GDN_BACKEND_CUDA;
+    gdn_engine *e = NULL;
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_ENODEV);
+    cr_assert_null(e);
+    c.backend = GDN_BACKEND_AUTO; /* falls back to the CPU reference */
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
+    cr_assert_eq(gdn_engine_backend(e), GDN_BACKEND_CPU);
+    gdn_engine_destroy(e);
+}
+
+Test(config, memory_report_adds_up)
+{
+    gdn_engine_config c = valid(); /* tiny: HV 4, K = V = 64, 2 layers, 8 slots, fp32 */
+    gdn_engine *e = NULL;
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
+    gdn_memory_report r;
+    cr_assert_eq(gdn_engine_memory(e, &r), GDN_OK);
+    const uint64_t slot_bytes = 4ull * 64 * 64 * 4;
+    cr_assert_eq(r.state_pools, 2 * 8 * slot_bytes);
+    cr_assert_eq(r.verify_cache, 2 * 8 * 4 * slot_bytes); /* layers x max_batch x max_tokens */
+    cr_assert_gt(r.io_buffers, 0);
+    cr_assert_eq(r.total, r.state_pools + r.verify_cache + r.io_buffers + r.parameters + r.indices);
+    cr_assert_eq(gdn_engine_memory(e, NULL), GDN_EINVAL);
+    gdn_engine_destroy(e);
+}

@@ -1,0 +1,694 @@
+/*
+ * Engine semantics on the CPU backend (SPEC 3), each checked against an independent float64
+ * reference run of the same rows (tests/support.c: straight through gdn__ref_head) or against
+ * bit-exact snapshots: decode, padding, verify, commit, read != write slots, bad input, misuse.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/alloc.h"
+#include "kernels/dtype_convert.h"
+#include "kernels/ref/gdn_ref.h"
+#include "support.h"
+
+typedef struct fixture {
+    gdn_engine_config config;
+    gdn_engine *e;
+    float *params; /* [L][2][HV] */
+    test_rng rng;
+    int32_t slots[16];
+    int32_t num_slots_allocated;
+} fixture;
+
+static void setup(fixture *f, gdn_dtype state_dtype, uint64_t seed)
+{
+    memset(f, 0, sizeof *f);
+    f->rng = test_rng_seeded(seed);
+    f->config = test_config("tiny", 2, state_dtype, 12, 8, 4);
+    f->e = test_engine_create(&f->config, &f->rng, &f->params);
+    f->config = *gdn_engine_get_config(f->e);
+    /* Allocate every slot, give each a random state, then use them in a scattered order. */
+    for (int32_t i = 0; i < 12; i++) {
+        cr_assert_eq(gdn_slot_alloc(f->e, &f->slots[i]), GDN_OK);
+        test_fill_slot_state(f->e, f->slots[i], &f->rng);
+    }
+    f->num_slots_allocated = 12;
+}
+
+static void teardown(fixture *f)
+{
+    gdn_engine_destroy(f->e);
+    free(f->params);
+}
+
+static const float *A_log_of(const fixture *f, int32_t layer) { return f->params + (size_t)layer * 2 * 4; }
+static const float *dt_bias_of(const fixture *f, int32_t layer) { return A_log_of(f, layer) + 4; }
+
+/* Tolerances for engine-vs-reference on the CPU backend: the backend is the reference, so only the
+ * storage rounding separates them. */
+static double state_tol(gdn_dtype d) { return d == GDN_DTYPE_BF16 ? 0.0 : 1e-6; }
+
+/* Writes inputs for every layer and returns them (array of L). */
+static test_inputs *write_all_inputs(fixture *f, int32_t B, int32_t T)
+{
+    test_inputs *in = calloc(2, sizeof *in); /* the fixture has 2 layers */
+    cr_assert_eq(f->config.model.num_layers, 2);
+    for (int32_t l = 0; l < f->config.model.num_layers; l++) {
+        test_write_inputs(f->e, l, B, T, &f->rng, &in[l]);
+        test_poison_outputs(f->e, l);
+    }
+    return in;
+}
+
+static void free_all_inputs(fixture *f, test_inputs *in)
+{
+    for (int32_t l = 0; l < f->config.model.num_layers; l++) test_inputs_free(&in[l]);
+    free(in);
+}
+
+/* Reads slot `slot` of every layer as double, [L][elems]. */
+static double *read_all_layers(fixture *f, int32_t slot)
+{
+    const size_t n = test_state_elems(f->e);
+    double *all = malloc(sizeof(double) * n * (size_t)f->config.model.num_layers);
+    for (int32_t l = 0; l < f->config.model.num_layers; l++) {
+        double *s = test_read_state(f->e, l, slot);
+        memcpy(all + n * (size_t)l, s, sizeof(double) * n);
+        free(s);
+    }
+    return all;
+}
+
+/* Expected state of `slot` (read before the step into `before`) after `tokens` tokens of `row`, and
+ * the expected outputs of those tokens when out != NULL ([tokens, HV, V] per layer, L of them). */
+static void expect_row(fixture *f, const test_inputs *in, const double *before, int32_t row, int32_t tokens,
+                       double *state_out, double *out)
+{
+    const size_t n = test_state_elems(f->e), per_out = (size_t)tokens * 4 * 64;
+    memcpy(state_out, before, sizeof(double) * n * (size_t)f->config.model.num_layers);
+    for (int32_t l = 0; l < f->config.model.num_layers; l++)
+        test_reference_row(&f->config, &in[l], row, tokens, A_log_of(f, l), dt_bias_of(f, l), state_out + n * (size_t)l,
+                           out ? out + per_out * (size_t)l : NULL);
+    test_round_to(state_out, n * (size_t)f->config.model.num_layers, f->config.state_dtype);
+}
+
+static void assert_slot_matches(fixture *f, int32_t slot, const double *expected, double abs_tol, double rel_tol)
+{
+    double *actual = read_all_layers(f, slot);
+    const double ratio = test_error_ratio(actual, expected, test_state_elems(f->e) * (size_t)f->config.model.num_layers,
+                                          abs_tol, rel_tol);
+    cr_assert_leq(ratio, 1.0, "slot %d: error is %.1f%% of tolerance", slot, 100.0 * ratio);
+    free(actual);
+}
+
+/* Outputs of row `row` (all T tokens) of layer `layer` against expected [T, HV, V]. */
+static void assert_row_outputs(fixture *f, int32_t layer, int32_t B, int32_t T, int32_t row, int32_t tokens,
+                               const double *expected)
+{
+    double *o = test_read_outputs(f->e, layer, B, T);
+    const size_t per_token = 4 * 64;
+    const gdn_dtype od = f->config.output_dtype;
+    double *exp_rounded = malloc(sizeof(double) * per_token * (size_t)tokens);
+    memcpy(exp_rounded, expected, sizeof(double) * per_token * (size_t)tokens);
+    test_round_to(exp_rounded, per_token * (size_t)tokens, od);
+    const double ratio = test_error_ratio(o + (size_t)row * T * per_token, exp_rounded, per_token * (size_t)tokens,
+                                          1e-6, od == GDN_DTYPE_BF16 ? 1e-2 : 1e-6);
+    cr_assert_leq(ratio, 1.0, "layer %d row %d outputs: %.1f%% of tolerance", layer, row, 100.0 * ratio);
+    free(o), free(exp_rounded);
+}
+
+static void assert_row_zero(fixture *f, int32_t layer, int32_t B, int32_t T, int32_t row)
+{
+    double *o = test_read_outputs(f->e, layer, B, T);
+    for (size_t i = 0; i < (size_t)T * 4 * 64; i++)
+        cr_assert_eq(o[(size_t)row * T * 4 * 64 + i], 0.0, "padding row %d must output zeros", row);
+    free(o);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static void decode_matches_reference(gdn_dtype state_dtype, gdn_dtype input_dtype, gdn_dtype output_dtype)
+{
+    fixture f;
+    memset(&f, 0, sizeof f);
+    f.rng = test_rng_seeded(100 + state_dtype * 10 + input_dtype * 3 + output_dtype);
+    f.config = test_config("tiny", 2, state_dtype, 12, 8, 4);
+    f.config.input_dtype = input_dtype;
+    f.config.output_dtype = output_dtype;
+    f.e = test_engine_create(&f.config, &f.rng, &f.params);
+    f.config = *gdn_engine_get_config(f.e);
+    for (int32_t i = 0; i < 12; i++) {
+        gdn_slot_alloc(f.e, &f.slots[i]);
+        test_fill_slot_state(f.e, f.slots[i], &f.rng);
+    }
+    const int32_t rows[] = {9, 2, 11, 0, 5}; /* scattered; bucket 8 pads rows 5..7 */
+    const int32_t B = 5, L = 2;
+    double *before[5];
+    for (int32_t i = 0; i < B; i++) before[i] = read_all_layers(&f, rows[i]);
+    test_inputs *in = write_all_inputs(&f, B, 1);
+    int32_t bucket = 0;
+    gdn_step step = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = B, .slots = rows};
+    cr_assert_eq(gdn_engine_begin_step(f.e, &step, NULL, &bucket), GDN_OK);
+    cr_assert_eq(bucket, 8);
+    cr_assert_eq(gdn_engine_run_step(f.e, NULL), GDN_OK);
+
+    const size_t n = test_state_elems(f.e);
+    double *expected = malloc(sizeof(double) * n * L), *expected_out = malloc(sizeof(double) * 4 * 64 * L);
+    for (int32_t i = 0; i < B; i++) {
+        expect_row(&f, in, before[i], i, 1, expected, expected_out);
+        assert_slot_matches(&f, rows[i], expected, state_tol(state_dtype), state_tol(state_dtype));
+        for (int32_t l = 0; l < L; l++) assert_row_outputs(&f, l, B, 1, i, 1, expected_out + (size_t)l * 4 * 64);
+        free(before[i]);
+    }
+    for (int32_t l = 0; l < L; l++)
+        for (int32_t pad = B; pad < bucket; pad++) assert_row_zero(&f, l, bucket, 1, pad);
+    free(expected), free(expected_out);
+    free_all_inputs(&f, in);
+    teardown(&f);
+}
+
+Test(engine, decode_matches_reference_fp32_state)
+{
+    decode_matches_reference(GDN_DTYPE_F32, GDN_DTYPE_BF16, GDN_DTYPE_BF16);
+}
+
+Test(engine, decode_matches_reference_bf16_state)
+{
+    decode_matches_reference(GDN_DTYPE_BF16, GDN_DTYPE_BF16, GDN_DTYPE_BF16);
+}
+
+Test(engine, decode_matches_reference_fp16_inputs_fp32_outputs)
+{
+    decode_matches_reference(GDN_DTYPE_F32, GDN_DTYPE_F16, GDN_DTYPE_F32);
+}
+
+Test(engine, gva_heads_share_their_key_head)
+{
+    /* tiny: HV 4, HK 2. From a zero state, o[h] = beta_h v_h (k^.q^ of key head h/2) * scale. */
+    gdn_engine_config c = test_config("tiny", 1, GDN_DTYPE_F32, 2, 1, 1);
+    c.output_dtype = GDN_DTYPE_F32;
+    test_rng rng = test_rng_seeded(7);
+    gdn_engine *e = test_engine_create(&c, &rng, NULL);
+    int32_t s;
+    gdn_slot_alloc(e, &s);
+    test_inputs in;
+    test_write_inputs(e, 0, 1, 1, &rng, &in);
+    test_run_step(e, GDN_STEP_DECODE, 1, 1, &s, NULL);
+    double *o = test_read_outputs(e, 0, 1, 1);
+    for (int32_t h = 0; h < 4; h++) {
+        const int32_t kh = h / 2;
+        const double *q = in.q + kh * 64, *k = in.k + kh * 64;
+        double qq = 0, kk = 0, kq = 0;
+        for (int i = 0; i < 64; i++) qq += q[i] * q[i], kk += k[i] * k[i], kq += k[i] * q[i];
+        const double cos_kq = kq / sqrt((qq + 1e-6) * (kk + 1e-6));
+        const double beta = 1.0 / (1.0 + exp(-in.b[h]));
+        for (int32_t row = 0; row < 64; row++) {
+            const double expected = beta * in.v[h * 64 + row] * cos_kq * 0.125;
+            cr_assert_float_eq(o[h * 64 + row], expected, 1e-5 + 1e-5 * fabs(expected), "head %d row %d", h, row);
+        }
+    }
+    free(o);
+    test_inputs_free(&in);
+    gdn_engine_destroy(e);
+}
+
+Test(engine, slots_not_in_the_step_are_bit_exact)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_BF16, 21);
+    unsigned char *before[12];
+    for (int32_t s = 0; s < 12; s++) before[s] = test_snapshot_slot(f.e, s);
+    const int32_t rows[] = {3, 7, 1};
+    test_inputs *in = write_all_inputs(&f, 3, 1);
+    test_run_step(f.e, GDN_STEP_DECODE, 1, 3, rows, NULL);
+    for (int32_t s = 0; s < 12; s++) {
+        unsigned char *after = test_snapshot_slot(f.e, s);
+        const int in_step = s == 3 || s == 7 || s == 1;
+        const int same = memcmp(before[s], after, 2 * test_state_bytes(f.e)) == 0;
+        cr_assert(in_step ? !same : same, "slot %d: in step %d, unchanged %d", s, in_step, same);
+        free(after), free(before[s]);
+    }
+    free_all_inputs(&f, in);
+    teardown(&f);
+}
+
+Test(engine, padding_rows_output_zero_and_change_no_state)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 22);
+    const int32_t rows[] = {4, -1, 6, -7, 2}; /* explicit padding rows in the middle */
+    unsigned char *before[12];
+    for (int32_t s = 0; s < 12; s++) before[s] = test_snapshot_slot(f.e, s);
+    double *b4 = read_all_layers(&f, 4);
+    test_inputs *in = write_all_inputs(&f, 5, 1);
+    test_run_step(f.e, GDN_STEP_DECODE, 1, 5, rows, NULL);
+    for (int32_t l = 0; l < 2; l++) {
+        assert_row_zero(&f, l, 8, 1, 1);
+        assert_row_zero(&f, l, 8, 1, 3);
+        for (int32_t pad = 5; pad < 8; pad++) assert_row_zero(&f, l, 8, 1, pad);
+    }
+    for (int32_t s = 0; s < 12; s++) {
+        unsigned char *after = test_snapshot_slot(f.e, s);
+        if (s != 4 && s != 6 && s != 2) cr_assert_eq(memcmp(before[s], after, 2 * test_state_bytes(f.e)), 0);
+        free(after), free(before[s]);
+    }
+    /* The live row after the padding row still used its own inputs (row index 0). */
+    double *expected = malloc(sizeof(double) * test_state_elems(f.e) * 2);
+    expect_row(&f, in, b4, 0, 1, expected, NULL);
+    assert_slot_matches(&f, 4, expected, 1e-6, 1e-6);
+    free(expected), free(b4);
+    free_all_inputs(&f, in);
+    teardown(&f);
+}
+
+Test(engine, verify_outputs_every_token_and_leaves_the_pool_untouched)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 23);
+    const int32_t rows[] = {8, 3, 10};
+    const int32_t B = 3, T = 4;
+    unsigned char *before_bytes[12];
+    for (int32_t s = 0; s < 12; s++) before_bytes[s] = test_snapshot_slot(f.e, s);
+    double *before[3];
+    for (int32_t i = 0; i < B; i++) before[i] = read_all_layers(&f, rows[i]);
+    test_inputs *in = write_all_inputs(&f, B, T);
+    test_run_step(f.e, GDN_STEP_VERIFY, T, B, rows, NULL);
+    for (int32_t s = 0; s < 12; s++) {
+        unsigned char *after = test_snapshot_slot(f.e, s);
+        cr_assert_eq(memcmp(before_bytes[s], after, 2 * test_state_bytes(f.e)), 0, "verify wrote slot %d", s);
+        free(after), free(before_bytes[s]);
+    }
+    double *state = malloc(sizeof(double) * test_state_elems(f.e) * 2);
+    double *out = malloc(sizeof(double) * T * 4 * 64 * 2);
+    for (int32_t i = 0; i < B; i++) {
+        expect_row(&f, in, before[i], i, T, state, out);
+        for (int32_t l = 0; l < 2; l++) assert_row_outputs(&f, l, B, T, i, T, out + (size_t)l * T * 4 * 64);
+        free(before[i]);
+    }
+    free(state), free(out);
+    free_all_inputs(&f, in);
+    teardown(&f);
+}
+
+/* Verify T tokens on `rows`, commit `accepted`, and check each slot against the reference of its
+ * accepted prefix (bit-exact on the CPU backend: the cache entry is the reference's rounded state). */
+static void verify_commit_check(gdn_dtype state_dtype, const int32_t *accepted_counts, uint64_t seed)
+{
+    fixture f;
+    setup(&f, state_dtype, seed);
+    const int32_t rows[] = {5, 0, 9, 2, 7};
+    const int32_t B = 5, T = 4;
+    double *before[5];
+    for (int32_t i = 0; i < B; i++) before[i] = read_all_layers(&f, rows[i]);
+    test_inputs *in = write_all_inputs(&f, B, T);
+    test_run_step(f.e, GDN_STEP_VERIFY, T, B, rows, NULL);
+    test_set_accepted(f.e, accepted_counts, B);
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_OK);
+    double *expected = malloc(sizeof(double) * test_state_elems(f.e) * 2);
+    for (int32_t i = 0; i < B; i++) {
+        int32_t n = accepted_counts[i] < 0 ? 0 : (accepted_counts[i] > T ? T : accepted_counts[i]);
+        if (n == 0) {
+            memcpy(expected, before[i], sizeof(double) * test_state_elems(f.e) * 2);
+        } else {
+            expect_row(&f, in, before[i], i, n, expected, NULL);
+        }
+        double *actual = read_all_layers(&f, rows[i]);
+        cr_assert_eq(memcmp(actual, expected, sizeof(double) * test_state_elems(f.e) * 2), 0,
+                     "row %d (accepted %d) is not bit-exact with the reference", i, n);
+        free(actual);
+        free(before[i]);
+    }
+    free(expected);
+    free_all_inputs(&f, in);
+    teardown(&f);
+}
+
+Test(engine, commit_advances_each_row_by_its_accepted_count_fp32)
+{
+    const int32_t accepted[] = {0, 1, 2, 3, 4};
+    verify_commit_check(GDN_DTYPE_F32, accepted, 31);
+}
+
+Test(engine, commit_advances_each_row_by_its_accepted_count_bf16)
+{
+    const int32_t accepted[] = {4, 3, 0, 2, 1};
+    verify_commit_check(GDN_DTYPE_BF16, accepted, 32);
+}
+
+Test(engine, commit_clamps_accepted_counts_out_of_range)
+{
+    const int32_t accepted[] = {-3, 99, 4, 0, -1};
+    verify_commit_check(GDN_DTYPE_F32, accepted, 33);
+}
+
+Test(engine, committing_a_tokens_equals_a_decode_steps)
+{
+    /* Same tokens: verify T=4 + commit 3 on one engine, three decode steps on a twin engine. */
+    const int32_t T = 4, a = 3, B = 2;
+    const int32_t rows[] = {1, 4};
+    fixture f, g;
+    setup(&f, GDN_DTYPE_F32, 41);
+    setup(&g, GDN_DTYPE_F32, 41); /* identical states and parameters */
+    test_inputs *in = write_all_inputs(&f, B, T);
+    test_run_step(f.e, GDN_STEP_VERIFY, T, B, rows, NULL);
+    const int32_t accepted[] = {a, a};
+    test_set_accepted(f.e, accepted, B);
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_OK);
+
+    /* Feed the twin the same tokens one at a time, in its input dtype (bf16: exact copies). */
+    const size_t esize = 2, HK = 2, HV = 4, D = 64;
+    uint16_t *buf = malloc(esize * HV * D * (size_t)B);
+    for (int32_t t = 0; t < a; t++) {
+        for (int32_t l = 0; l < 2; l++) {
+            gdn_layer_io io;
+            gdn_engine_layer_io(g.e, l, &io);
+            struct { void *dst; const double *src; size_t per_token; } parts[] = {
+                {io.q, in[l].q, HK * D}, {io.k, in[l].k, HK * D}, {io.v, in[l].v, HV * D}, {io.a, in[l].a, HV}, {io.b, in[l].b, HV},
+            };
+            for (size_t p = 0; p < 5; p++) {
+                for (int32_t i = 0; i < B; i++)
+                    for (size_t j = 0; j < parts[p].per_token; j++)
+                        buf[(size_t)i * parts[p].per_token + j] =
+                            gdn__f32_to_bf16((float)parts[p].src[((size_t)i * T + t) * parts[p].per_token + j]);
+                gdn_engine_upload(g.e, parts[p].dst, buf, esize * parts[p].per_token * (size_t)B, NULL);
+            }
+        }
+        test_run_step(g.e, GDN_STEP_DECODE, 1, B, rows, NULL);
+    }
+    for (int32_t i = 0; i < B; i++) {
+        double *via_commit = read_all_layers(&f, rows[i]);
+        double *via_decode = read_all_layers(&g, rows[i]);
+        const double ratio = test_error_ratio(via_commit, via_decode, test_state_elems(f.e) * 2, 1e-6, 1e-5);
+        cr_assert_leq(ratio, 1.0, "row %d: %.1f%% of tolerance", i, 100 * ratio);
+        free(via_commit), free(via_decode);
+    }
+    free(buf);
+    free_all_inputs(&f, in);
+    teardown(&f);
+    teardown(&g);
+}
+
+Test(engine, separate_write_slots_leave_the_read_slot_unchanged)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 51);
+    const int32_t reads[] = {2, 6}, writes[] = {3, 6}; /* row 0 forks 2 -> 3; row 1 in place */
+    unsigned char *read_before = test_snapshot_slot(f.e, 2);
+    double *b2 = read_all_layers(&f, 2), *b6 = read_all_layers(&f, 6);
+    test_inputs *in = write_all_inputs(&f, 2, 1);
+    test_run_step(f.e, GDN_STEP_DECODE, 1, 2, reads, writes);
+    unsigned char *read_after = test_snapshot_slot(f.e, 2);
+    cr_assert_eq(memcmp(read_before, read_after, 2 * test_state_bytes(f.e)), 0);
+    double *expected = malloc(sizeof(double) * test_state_elems(f.e) * 2);
+    expect_row(&f, in, b2, 0, 1, expected, NULL);
+    assert_slot_matches(&f, 3, expected, 1e-6, 1e-6);
+    expect_row(&f, in, b6, 1, 1, expected, NULL);
+    assert_slot_matches(&f, 6, expected, 1e-6, 1e-6);
+    /* Verify + commit with a separate write slot: the commit lands in the write slot. */
+    const int32_t reads2[] = {8}, writes2[] = {9};
+    double *b8 = read_all_layers(&f, 8);
+    free_all_inputs(&f, in);
+    in = write_all_inputs(&f, 1, 3);
+    test_run_step(f.e, GDN_STEP_VERIFY, 3, 1, reads2, writes2);
+    const int32_t accepted[] = {2};
+    test_set_accepted(f.e, accepted, 1);
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_OK);
+    expect_row(&f, in, b8, 0, 2, expected, NULL);
+    assert_slot_matches(&f, 9, expected, 1e-6, 1e-6);
+    double *a8 = read_all_layers(&f, 8);
+    cr_assert_eq(memcmp(a8, b8, sizeof(double) * test_state_elems(f.e) * 2), 0);
+    free(read_before), free(read_after), free(b2), free(b6), free(b8), free(a8), free(expected);
+    free_all_inputs(&f, in);
+    teardown(&f);
+}
+
+/* ---- bad input: each its own status, and nothing changes ---------------------------------------- */
+
+Test(engine, bad_steps_return_their_status_and_change_nothing)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 61);
+    /* A verify step that is run but not yet committed: every failed begin below must leave it
+     * committable, and must not touch any state. */
+    const int32_t rows[] = {1, 2};
+    double *b1 = read_all_layers(&f, 1);
+    test_inputs *in = write_all_inputs(&f, 2, 3);
+    test_run_step(f.e, GDN_STEP_VERIFY, 3, 2, rows, NULL);
+    unsigned char *snap[12];
+    for (int32_t s = 0; s < 12; s++) snap[s] = test_snapshot_slot(f.e, s);
+
+    cr_assert_eq(gdn_slot_free(f.e, 11), GDN_OK); /* slot 11 is now free */
+    const int32_t ok[] = {3, 4}, dup_read[] = {3, 3}, out_of_range[] = {3, 12}, freed[] = {11},
+                  dup_write_reads[] = {3, 4}, dup_write[] = {5, 5}, conflict_writes[] = {4, 4};
+    struct { gdn_step step; gdn_status expected; } cases[] = {
+        {{.kind = (gdn_step_kind)5, .tokens = 1, .batch = 2, .slots = ok}, GDN_ESTEP_KIND},
+        {{.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 9, .slots = ok}, GDN_ESTEP_BATCH},
+        {{.kind = GDN_STEP_DECODE, .tokens = 1, .batch = -1, .slots = ok}, GDN_ESTEP_BATCH},
+        {{.kind = GDN_STEP_DECODE, .tokens = 2, .batch = 2, .slots = ok}, GDN_ESTEP_TOKENS},
+        {{.kind = GDN_STEP_VERIFY, .tokens = 0, .batch = 2, .slots = ok}, GDN_ESTEP_TOKENS},
+        {{.kind = GDN_STEP_VERIFY, .tokens = 5, .batch = 2, .slots = ok}, GDN_ESTEP_TOKENS},
+        {{.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 2, .slots = out_of_range}, GDN_ESLOT_RANGE},
+        {{.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 1, .slots = freed}, GDN_ESLOT_FREE},
+        {{.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 2, .slots = dup_read}, GDN_ESLOT_DUP},
+        {{.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 2, .slots = dup_write_reads, .write_slots = dup_write}, GDN_ESLOT_DUP},
+        {{.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 2, .slots = dup_write_reads, .write_slots = conflict_writes}, GDN_ESLOT_DUP},
+        {{.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 1, .slots = ok, .write_slots = freed}, GDN_ESLOT_FREE},
+        {{.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 1, .slots = ok, .write_slots = out_of_range + 1}, GDN_ESLOT_RANGE},
+        {{.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 2, .slots = NULL}, GDN_EINVAL},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int32_t bucket = -5;
+        gdn_status got = gdn_engine_begin_step(f.e, &cases[c].step, NULL, &bucket);
+        cr_assert_eq(got, cases[c].expected, "case %zu: got %s, wanted %s", c, gdn_status_name(got),
+                     gdn_status_name(cases[c].expected));
+        cr_assert_eq(bucket, -5, "case %zu wrote the bucket", c);
+    }
+    cr_assert_eq(gdn_engine_begin_step(f.e, NULL, NULL, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_engine_begin_step(NULL, &cases[0].step, NULL, NULL), GDN_EINVAL);
+    for (int32_t s = 0; s < 11; s++) {
+        unsigned char *now = test_snapshot_slot(f.e, s);
+        cr_assert_eq(memcmp(now, snap[s], 2 * test_state_bytes(f.e)), 0, "slot %d changed", s);
+        free(now);
+    }
+    /* The verify step survived all of that. */
+    const int32_t accepted[] = {2, 0};
+    test_set_accepted(f.e, accepted, 2);
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_OK);
+    double *expected = malloc(sizeof(double) * test_state_elems(f.e) * 2);
+    expect_row(&f, in, b1, 0, 2, expected, NULL);
+    assert_slot_matches(&f, 1, expected, 1e-6, 1e-6);
+    for (int32_t s = 0; s < 12; s++) free(snap[s]);
+    free(expected), free(b1);
+    free_all_inputs(&f, in);
+    teardown(&f);
+}
+
+Test(engine, commit_out_of_order_is_misuse)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 62);
+    const int32_t rows[] = {1};
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_EMISUSE, "no step yet");
+    test_inputs *in = write_all_inputs(&f, 1, 2);
+    test_run_step(f.e, GDN_STEP_DECODE, 1, 1, rows, NULL);
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_EMISUSE, "a decode step has nothing to commit");
+    gdn_step verify = {.kind = GDN_STEP_VERIFY, .tokens = 2, .batch = 1, .slots = rows};
+    cr_assert_eq(gdn_engine_begin_step(f.e, &verify, NULL, NULL), GDN_OK);
+    cr_assert_eq(gdn_engine_run_layer(f.e, 1, NULL), GDN_OK);
+    unsigned char *before = test_snapshot_slot(f.e, 1);
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_EMISUSE, "layer 0 has not run");
+    unsigned char *after = test_snapshot_slot(f.e, 1);
+    cr_assert_eq(memcmp(before, after, 2 * test_state_bytes(f.e)), 0);
+    cr_assert_eq(gdn_engine_run_layer(f.e, 0, NULL), GDN_OK);
+    const int32_t accepted[] = {1};
+    test_set_accepted(f.e, accepted, 1);
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_OK);
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_EMISUSE, "committed twice");
+    cr_assert_eq(gdn_engine_run_layer(f.e, 0, NULL), GDN_EMISUSE, "running a committed step");
+    cr_assert_eq(gdn_engine_run_step(f.e, NULL), GDN_EMISUSE);
+    cr_assert_eq(gdn_engine_commit(NULL, NULL), GDN_EINVAL);
+    free(before), free(after);
+    free_all_inputs(&f, in);
+    teardown(&f);
+}
+
+Test(engine, run_layer_checks_its_arguments)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 63);
+    cr_assert_eq(gdn_engine_run_layer(f.e, 0, NULL), GDN_EMISUSE, "no step begun");
+    cr_assert_eq(gdn_engine_run_step(f.e, NULL), GDN_EMISUSE);
+    const int32_t rows[] = {1};
+    gdn_step step = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 1, .slots = rows};
+    cr_assert_eq(gdn_engine_begin_step(f.e, &step, NULL, NULL), GDN_OK);
+    cr_assert_eq(gdn_engine_run_layer(f.e, 2, NULL), GDN_ELAYER);
+    cr_assert_eq(gdn_engine_run_layer(f.e, -1, NULL), GDN_ELAYER);
+    cr_assert_eq(gdn_engine_run_layer(NULL, 0, NULL), GDN_EINVAL);
+    gdn_layer_io io;
+    cr_assert_eq(gdn_engine_layer_io(f.e, 2, &io), GDN_ELAYER);
+    cr_assert_eq(gdn_engine_layer_io(f.e, 0, NULL), GDN_EINVAL);
+    gdn_state_pool pool;
+    cr_assert_eq(gdn_engine_state_pool(f.e, 5, &pool), GDN_ELAYER);
+    cr_assert_eq(gdn_engine_state_pool(f.e, 1, &pool), GDN_OK);
+    cr_assert_eq(pool.num_slots, 12);
+    cr_assert_eq(pool.slot_stride, 4 * 64 * 64);
+    cr_assert_eq(pool.dtype, GDN_DTYPE_F32);
+    const float params[4] = {0};
+    cr_assert_eq(gdn_engine_set_layer_params(f.e, 2, params, params), GDN_ELAYER);
+    cr_assert_eq(gdn_engine_set_layer_params(f.e, 0, NULL, params), GDN_EINVAL);
+    cr_assert_eq(gdn_engine_upload(f.e, NULL, params, 4, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_engine_download(f.e, (void *)params, NULL, 4, NULL), GDN_EINVAL);
+    cr_assert_null(gdn_engine_accepted(NULL));
+    teardown(&f);
+}
+
+Test(engine, state_pool_exposes_the_slot_layout)
+{
+    /* Writing through the pool pointer (CPU backend: host memory) is what the slot API reads back. */
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 64);
+    gdn_state_pool pool;
+    cr_assert_eq(gdn_engine_state_pool(f.e, 1, &pool), GDN_OK);
+    float *p = (float *)pool.data + 5 * pool.slot_stride + (2 * 64 + 3) * 64 + 7; /* slot 5, h 2, v 3, k 7 */
+    *p = 1234.5f;
+    double *s = test_read_state(f.e, 1, 5);
+    cr_assert_eq(s[(2 * 64 + 3) * 64 + 7], 1234.5);
+    free(s);
+    teardown(&f);
+}
+
+Test(engine, empty_step_runs_and_commits_nothing)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 65);
+    unsigned char *before = test_snapshot_slot(f.e, 0);
+    test_run_step(f.e, GDN_STEP_VERIFY, 2, 0, NULL, NULL);
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_OK);
+    unsigned char *after = test_snapshot_slot(f.e, 0);
+    cr_assert_eq(memcmp(before, after, 2 * test_state_bytes(f.e)), 0);
+    free(before), free(after);
+    teardown(&f);
+}
+
+Test(engine, begin_step_picks_the_smallest_bucket)
+{
+    gdn_engine_config c = test_config("tiny", 1, GDN_DTYPE_F32, 40, 40, 1);
+    gdn_engine *e = NULL;
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
+    int32_t slots[40];
+    for (int32_t i = 0; i < 40; i++) gdn_slot_alloc(e, &slots[i]);
+    const int32_t batches[] = {1, 2, 3, 5, 8, 9, 17, 33, 40}, buckets[] = {1, 2, 4, 8, 8, 16, 24, 40, 40};
+    for (size_t i = 0; i < sizeof batches / sizeof batches[0]; i++) {
+        gdn_step step = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = batches[i], .slots = slots};
+        int32_t bucket = 0;
+        cr_assert_eq(gdn_engine_begin_step(e, &step, NULL, &bucket), GDN_OK);
+        cr_assert_eq(bucket, buckets[i], "batch %d", batches[i]);
+    }
+    gdn_engine_destroy(e);
+}
+
+Test(engine, uncommitted_verify_is_dropped_by_the_next_step)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 66);
+    const int32_t rows[] = {4};
+    unsigned char *before = test_snapshot_slot(f.e, 4);
+    test_inputs *in = write_all_inputs(&f, 1, 3);
+    test_run_step(f.e, GDN_STEP_VERIFY, 3, 1, rows, NULL);
+    const int32_t other[] = {5};
+    test_run_step(f.e, GDN_STEP_DECODE, 1, 1, other, NULL);
+    unsigned char *after = test_snapshot_slot(f.e, 4);
+    cr_assert_eq(memcmp(before, after, 2 * test_state_bytes(f.e)), 0);
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_EMISUSE);
+    free(before), free(after);
+    free_all_inputs(&f, in);
+    teardown(&f);
+}
+
+Test(engine, layers_run_one_by_one_equal_a_whole_step)
+{
+    fixture f, g;
+    setup(&f, GDN_DTYPE_BF16, 67);
+    setup(&g, GDN_DTYPE_BF16, 67);
+    test_inputs *in_f = write_all_inputs(&f, 2, 1);
+    test_inputs *in_g = write_all_inputs(&g, 2, 1); /* same seed: identical inputs */
+    const int32_t rows[] = {6, 1};
+    test_run_step(f.e, GDN_STEP_DECODE, 1, 2, rows, NULL);
+    gdn_step step = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 2, .slots = rows};
+    cr_assert_eq(gdn_engine_begin_step(g.e, &step, NULL, NULL), GDN_OK);
+    cr_assert_eq(gdn_engine_run_layer(g.e, 1, NULL), GDN_OK); /* reverse order */
+    cr_assert_eq(gdn_engine_run_layer(g.e, 0, NULL), GDN_OK);
+    for (int32_t i = 0; i < 2; i++) {
+        unsigned char *a = test_snapshot_slot(f.e, rows[i]), *b = test_snapshot_slot(g.e, rows[i]);
+        cr_assert_eq(memcmp(a, b, 2 * test_state_bytes(f.e)), 0);
+        free(a), free(b);
+    }
+    free_all_inputs(&f, in_f);
+    free_all_inputs(&g, in_g);
+    teardown(&f);
+    teardown(&g);
+}
+
+Test(engine, reference_treats_out_of_range_slots_as_padding_and_flags_them)
+{
+    /* The host API refuses such slots, so drive the reference directly, as a kernel would see it. */
+    const int32_t HV = 4, K = 64, V = 64, B = 2;
+    float *state = calloc((size_t)2 * HV * V * K, sizeof(float));
+    for (size_t i = 0; i < (size_t)2 * HV * V * K; i++) state[i] = 0.01f * (float)(i % 97);
+    float *copy = malloc(sizeof(float) * 2 * HV * V * K);
+    memcpy(copy, state, sizeof(float) * 2 * HV * V * K);
+    uint16_t in_qk[B * 2 * 64], in_v[B * HV * 64], in_g[B * HV];
+    for (size_t i = 0; i < sizeof in_qk / 2; i++) in_qk[i] = 0x3f80; /* 1.0 */
+    for (size_t i = 0; i < sizeof in_v / 2; i++) in_v[i] = 0x3f80;
+    for (size_t i = 0; i < sizeof in_g / 2; i++) in_g[i] = 0;
+    float out[B * HV * 64], A_log[4] = {0}, dt_bias[4] = {0};
+    for (size_t i = 0; i < sizeof out / sizeof out[0]; i++) out[i] = 99.0f;
+    const int32_t reads[] = {2, 1}; /* row 0: slot 2 >= num_slots 2 */
+    int32_t flag = 0;
+    gdn__layer_params p = {.B = B, .T = 1, .HK = 2, .HV = HV, .K = K, .V = V, .scale = 0.125f, .use_qk_l2norm = 1,
+                           .input_dtype = GDN_DTYPE_BF16, .q = in_qk, .k = in_qk, .v = in_v, .a = in_g, .b = in_g,
+                           .A_log = A_log, .dt_bias = dt_bias, .state_dtype = GDN_DTYPE_F32, .state = state,
+                           .num_slots = 2, .slot_stride = (int64_t)HV * V * K, .read_slots = reads,
+                           .output_dtype = GDN_DTYPE_F32, .out = out, .error_flag = &flag};
+    cr_assert_eq(gdn__ref_layer_step(&p), GDN_OK);
+    cr_assert_eq(flag, 1);
+    for (int i = 0; i < HV * 64; i++) cr_assert_eq(out[i], 0.0f);
+    cr_assert_neq(out[HV * 64], 99.0f, "the valid row ran");
+    cr_assert_eq(memcmp(state, copy, sizeof(float) * HV * V * K), 0, "slot 0 untouched");
+    free(state), free(copy);
+}
+
+Test(engine, cpu_backend_reports_no_device_error)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 68);
+    cr_assert_eq(gdn_engine_backend(f.e), GDN_BACKEND_CPU);
+    cr_assert_eq(gdn_engine_check_device_error(f.e, NULL), GDN_OK);
+    cr_assert_str_eq(gdn_engine_last_error(f.e), "");
+    teardown(&f);
+}
+
+Test(engine, step_path_allocates_no_host_memory)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 69);
+    test_inputs *in = write_all_inputs(&f, 3, 4);
+    const int32_t rows[] = {0, 5, 9}, accepted[] = {1, 4, 0};
+    test_set_accepted(f.e, accepted, 3);
+    gdn_step verify = {.kind = GDN_STEP_VERIFY, .tokens = 4, .batch = 3, .slots = rows};
+    gdn_step decode = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 3, .slots = rows};
+    const uint64_t before = gdn__thread_allocated_bytes();
+    gdn_status s1 = gdn_engine_begin_step(f.e, &verify, NULL, NULL);
+    gdn_status s2 = gdn_engine_run_step(f.e, NULL);
+    gdn_status s3 = gdn_engine_commit(f.e, NULL);
+    gdn_status s4 = gdn_engine_begin_step(f.e, &decode, NULL, NULL);
+    gdn_status s5 = gdn_engine_run_step(f.e, NULL);
+    const uint64_t after = gdn__thread_allocated_bytes();
+    cr_assert(s1 == GDN_OK && s2 == GDN_OK && s3 == GDN_OK && s4 == GDN_OK && s5 == GDN_OK);
+    cr_assert_gt(before, 0, "jemalloc's thread.allocated counter is readable");
+    cr_assert_eq(after, before, "the step path allocated %llu bytes", (unsigned long long)(after - before));
+    free_all_inputs(&f, in);
+    teardown(&f);
+}
