@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Packs the built tests, bench and examples, with every shared library they load, into one folder
+# that runs on a GPU host that has the CUDA driver but neither Criterion nor jemalloc installed:
+#
+#   scripts/bundle.sh [BUILD_DIR] [OUT_DIR]      (defaults: build-gpu, gpu-bundle)
+#   LD_LIBRARY_PATH=OUT_DIR OUT_DIR/test_gpu_kernels
+#   OUT_DIR/run-tests.sh                          (runs every test binary, exit status = failures)
+#
+# System libraries that every Linux host has (libc, libm, libpthread, libdl, librt, the loader,
+# libstdc++, libgcc_s) stay behind: copying them can break on a host with a different glibc.
+set -euo pipefail
+build=${1:-build-gpu}
+out=${2:-gpu-bundle}
+[ -d "$build" ] || { echo "no build folder '$build' (meson setup $build -Dcuda=enabled)" >&2; exit 2; }
+rm -rf "$out"
+mkdir -p "$out"
+
+binaries=()
+for f in "$build"/tests/test_* "$build"/bench/gdn-bench "$build"/examples/gdn-serving-loop; do
+    [ -f "$f" ] && [ -x "$f" ] && binaries+=("$f")
+done
+[ ${#binaries[@]} -gt 0 ] || { echo "nothing built in $build" >&2; exit 2; }
+cp "${binaries[@]}" "$out"/
+cp -P "$build"/libgdn.so* "$out"/ 2>/dev/null || true
+
+skip='^(libc|libm|libpthread|libdl|librt|ld-linux.*|libstdc\+\+|libgcc_s|linux-vdso)\.so'
+for f in "${binaries[@]}"; do
+    ldd "$f" | awk '/=> \//{print $1, $3}' | while read -r name path; do
+        [[ "$name" =~ $skip ]] && continue
+        [ -e "$out/$name" ] || cp -L "$path" "$out/$name"
+    done
+done
+
+cat > "$out/run-tests.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs every bundled test binary with the bundled libraries; prints one line per suite.
+here=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$here${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+failed=0
+for t in "$here"/test_*; do
+    "$t" "$@"; rc=$?
+    case $rc in 0) echo "PASS $(basename "$t")";; 77) echo "SKIP $(basename "$t")";; *) echo "FAIL $(basename "$t") (exit $rc)"; failed=$((failed + 1));; esac
+done
+exit $failed
+RUN
+chmod +x "$out/run-tests.sh"
+echo "bundled ${#binaries[@]} programs into $out ($(du -sh "$out" | cut -f1))"
