@@ -208,9 +208,12 @@ void gdn_engine_destroy(gdn_engine *engine)
     gdn__free(engine);
 }
 
-gdn_backend_kind gdn_engine_backend(const gdn_engine *engine) { return engine->backend.iface->kind; }
+gdn_backend_kind gdn_engine_backend(const gdn_engine *engine)
+{
+    return engine ? engine->backend.iface->kind : GDN_BACKEND_AUTO;
+}
 
-const gdn_engine_config *gdn_engine_get_config(const gdn_engine *engine) { return &engine->config; }
+const gdn_engine_config *gdn_engine_get_config(const gdn_engine *engine) { return engine ? &engine->config : NULL; }
 
 const char *gdn_engine_last_error(const gdn_engine *engine)
 {
@@ -247,9 +250,25 @@ gdn_status gdn_slot_alloc(gdn_engine *e, int32_t *slot)
     return gdn__slots_alloc(&e->slots, slot);
 }
 
+/* The current step still needs its slots while a layer is left to run or a verify awaits commit. */
+static int step_needs_slot(const gdn_engine *e, int32_t slot)
+{
+    const step_state *st = &e->step;
+    if (!st->active || st->batch == 0) return 0;
+    const int all_ran = st->layers_done == e->config.model.num_layers;
+    if (all_ran && (st->kind == GDN_STEP_DECODE || st->committed)) return 0;
+    const int32_t *reads = e->row_staging, *writes = e->row_staging + st->bucket;
+    for (int32_t i = 0; i < st->batch; i++)
+        if (reads[i] == slot || (st->has_write_slots && writes[i] == slot)) return 1;
+    return 0;
+}
+
 gdn_status gdn_slot_free(gdn_engine *e, int32_t slot)
 {
     if (!e) return GDN_EINVAL;
+    gdn_status status = gdn__slots_check_live(&e->slots, slot);
+    if (status != GDN_OK) return status;
+    if (step_needs_slot(e, slot)) return GDN_ESLOT_BUSY;
     return gdn__slots_free(&e->slots, slot);
 }
 
@@ -445,23 +464,25 @@ gdn_status gdn_engine_run_layer(gdn_engine *e, int32_t layer, void *stream)
 {
     if (!e) return GDN_EINVAL;
     if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
-    if (!e->step.active || e->step.committed) return GDN_EMISUSE;
-    if (e->step.batch == 0) return GDN_OK; /* nothing to run: an empty step touches nothing */
+    if (!e->step.active || e->step.committed || e->layer_ran[layer]) return GDN_EMISUSE;
+    if (e->step.batch == 0) { /* nothing to run: an empty step touches nothing */
+        e->layer_ran[layer] = 1;
+        e->step.layers_done++;
+        return GDN_OK;
+    }
     gdn__layer_params params;
     fill_layer_params(e, layer, &params);
     gdn_status status = e->backend.iface->layer_step(e->backend.ctx, &params, stream);
     if (status != GDN_OK) return status;
-    if (!e->layer_ran[layer]) {
-        e->layer_ran[layer] = 1;
-        e->step.layers_done++;
-    }
+    e->layer_ran[layer] = 1;
+    e->step.layers_done++;
     return GDN_OK;
 }
 
 gdn_status gdn_engine_run_step(gdn_engine *e, void *stream)
 {
     if (!e) return GDN_EINVAL;
-    if (!e->step.active || e->step.committed) return GDN_EMISUSE;
+    if (!e->step.active || e->step.committed || e->step.layers_done > 0) return GDN_EMISUSE;
     for (int32_t l = 0; l < e->config.model.num_layers; l++) {
         gdn_status status = gdn_engine_run_layer(e, l, stream);
         if (status != GDN_OK) return status;
@@ -473,7 +494,7 @@ gdn_status gdn_engine_commit(gdn_engine *e, void *stream)
 {
     if (!e) return GDN_EINVAL;
     const gdn_engine_config *c = &e->config;
-    const int all_layers_ran = e->step.batch == 0 || e->step.layers_done == c->model.num_layers;
+    const int all_layers_ran = e->step.layers_done == c->model.num_layers;
     if (!e->step.active || e->step.kind != GDN_STEP_VERIFY || e->step.committed || !all_layers_ran)
         return GDN_EMISUSE;
     if (e->step.batch > 0) {

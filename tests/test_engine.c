@@ -692,3 +692,65 @@ Test(engine, step_path_allocates_no_host_memory)
     free_all_inputs(&f, in);
     teardown(&f);
 }
+
+Test(engine, a_layer_runs_at_most_once_per_step)
+{
+    fixture f, g;
+    setup(&f, GDN_DTYPE_F32, 70);
+    setup(&g, GDN_DTYPE_F32, 70);
+    test_inputs *in_f = write_all_inputs(&f, 1, 1), *in_g = write_all_inputs(&g, 1, 1);
+    const int32_t rows[] = {3};
+    gdn_step step = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 1, .slots = rows};
+    cr_assert_eq(gdn_engine_begin_step(f.e, &step, NULL, NULL), GDN_OK);
+    cr_assert_eq(gdn_engine_run_layer(f.e, 0, NULL), GDN_OK);
+    cr_assert_eq(gdn_engine_run_layer(f.e, 0, NULL), GDN_EMISUSE, "a second run would apply the token twice");
+    cr_assert_eq(gdn_engine_run_step(f.e, NULL), GDN_EMISUSE, "run_step after run_layer would repeat layer 0");
+    cr_assert_eq(gdn_engine_run_layer(f.e, 1, NULL), GDN_OK);
+    test_run_step(g.e, GDN_STEP_DECODE, 1, 1, rows, NULL); /* the twin runs each layer once */
+    unsigned char *a = test_snapshot_slot(f.e, 3), *b = test_snapshot_slot(g.e, 3);
+    cr_assert_eq(memcmp(a, b, 2 * test_state_bytes(f.e)), 0, "the refused calls changed the state");
+    free(a), free(b);
+    free_all_inputs(&f, in_f), free_all_inputs(&g, in_g);
+    teardown(&f), teardown(&g);
+}
+
+Test(engine, slots_of_an_unfinished_step_cannot_be_freed)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 71);
+    test_inputs *in = write_all_inputs(&f, 2, 2);
+    const int32_t reads[] = {2, 4}, writes[] = {2, 5};
+    gdn_step decode = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 2, .slots = reads, .write_slots = writes};
+    cr_assert_eq(gdn_engine_begin_step(f.e, &decode, NULL, NULL), GDN_OK);
+    cr_assert_eq(gdn_engine_run_layer(f.e, 0, NULL), GDN_OK);
+    cr_assert_eq(gdn_slot_free(f.e, 4), GDN_ESLOT_BUSY, "read slot, layer 1 still to run");
+    cr_assert_eq(gdn_slot_free(f.e, 5), GDN_ESLOT_BUSY, "write slot, layer 1 still to run");
+    cr_assert(gdn_slot_is_allocated(f.e, 4) && gdn_slot_is_allocated(f.e, 5));
+    cr_assert_eq(gdn_slot_free(f.e, 7), GDN_OK, "a slot outside the step is free to go");
+    cr_assert_eq(gdn_engine_run_layer(f.e, 1, NULL), GDN_OK);
+    cr_assert_eq(gdn_slot_free(f.e, 4), GDN_OK, "a finished decode step needs nothing more");
+
+    gdn_step verify = {.kind = GDN_STEP_VERIFY, .tokens = 2, .batch = 1, .slots = reads};
+    test_run_step(f.e, verify.kind, verify.tokens, verify.batch, verify.slots, NULL);
+    cr_assert_eq(gdn_slot_free(f.e, 2), GDN_ESLOT_BUSY, "the verify step's commit would write slot 2");
+    const int32_t accepted[] = {1};
+    test_set_accepted(f.e, accepted, 1);
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_OK);
+    cr_assert_eq(gdn_slot_free(f.e, 2), GDN_OK);
+    free_all_inputs(&f, in);
+    teardown(&f);
+}
+
+Test(engine, null_engine_queries_are_safe)
+{
+    cr_assert_eq(gdn_engine_backend(NULL), GDN_BACKEND_AUTO);
+    cr_assert_null(gdn_engine_get_config(NULL));
+    cr_assert_str_eq(gdn_engine_last_error(NULL), "");
+    cr_assert_eq(gdn_slot_count(NULL), 0);
+    cr_assert_eq(gdn_engine_memory(NULL, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_engine_synchronize(NULL, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_engine_check_device_error(NULL, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_slot_reset(NULL, 0, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_engine_state_pool(NULL, 0, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_engine_layer_io(NULL, 0, NULL), GDN_EINVAL);
+}

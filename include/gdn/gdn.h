@@ -89,7 +89,8 @@ GDN_API int gdn_version(void);
     XX(ESLOT_FREE, -44, "slot is not allocated (never allocated, or already freed)")               \
     XX(ESLOT_DUP, -45, "the same slot appears twice in one step (or is read by one row and written by another)") \
     XX(ESLOT_EXHAUSTED, -46, "every slot is allocated")                                            \
-    XX(ELAYER, -47, "layer index is out of range")
+    XX(ELAYER, -47, "layer index is out of range")                                                 \
+    XX(ESLOT_BUSY, -48, "slot belongs to the current step, which still has layers to run or a commit pending")
 
 typedef enum gdn_status {
 #define GDN__STATUS_ENUM(name, value, text) GDN_##name = value,
@@ -209,10 +210,10 @@ GDN_API gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine
 /* Waits for the engine's outstanding work and frees everything. NULL is a no-op. */
 GDN_API void gdn_engine_destroy(gdn_engine *engine);
 
-/* The backend the engine runs on (never AUTO). */
+/* The backend the engine runs on (never AUTO for a live engine; AUTO for NULL). */
 GDN_API gdn_backend_kind gdn_engine_backend(const gdn_engine *engine);
 
-/* The validated configuration, with the bucket list filled in. Never NULL for a live engine. */
+/* The validated configuration, with the bucket list filled in (NULL for a NULL engine). */
 GDN_API const gdn_engine_config *gdn_engine_get_config(const gdn_engine *engine);
 
 /* The last CUDA error seen by the engine as "expr: message (file:line)", or "" if none. */
@@ -242,13 +243,19 @@ GDN_API gdn_status gdn_engine_set_layer_params(gdn_engine *engine, int32_t layer
 /* ---------------------------------------------------------------------------------------------- */
 
 /*
- * Reserves a free slot (the lowest-numbered one; slot 0 is ordinary) and writes it to *slot. The slot's
+ * Reserves a free slot and writes it to *slot: a fresh engine hands out 0, 1, 2, ... (slot 0 is an
+ * ordinary slot), and freed slots are reused most-recently-freed first. The slot's
  * state is left as it is: call gdn_slot_reset or write it through the pool for a new request.
  * GDN_ESLOT_EXHAUSTED when every slot is taken.
  */
 GDN_API gdn_status gdn_slot_alloc(gdn_engine *engine, int32_t *slot);
 
-/* Returns `slot` to the free list. GDN_ESLOT_RANGE, or GDN_ESLOT_FREE when it is not allocated. */
+/*
+ * Returns `slot` to the free list. GDN_ESLOT_RANGE, GDN_ESLOT_FREE when it is not allocated, and
+ * GDN_ESLOT_BUSY while the current step still needs it (a row of that step reads or writes it and
+ * some layer has not run yet, or the step is a verify step that has not been committed): the engine
+ * would otherwise write into a slot that may already belong to another request.
+ */
 GDN_API gdn_status gdn_slot_free(gdn_engine *engine, int32_t slot);
 
 /* Zeroes the state of allocated `slot` in every layer, enqueued on `stream`. Same errors as free. */
@@ -321,11 +328,13 @@ GDN_API gdn_status gdn_engine_begin_step(gdn_engine *engine, const gdn_step *ste
 /*
  * Runs layer `layer` of the current step on `stream`: reads its q, k, v, a, b buffers, writes o, and
  * updates the pool (decode) or the verify cache (verify). Layers may run in any order, each once.
- * GDN_EMISUSE without a begun step, GDN_ELAYER for a bad index.
+ * GDN_EMISUSE without a begun step, for a layer that already ran in this step, or after the step was
+ * committed; GDN_ELAYER for a bad index.
  */
 GDN_API gdn_status gdn_engine_run_layer(gdn_engine *engine, int32_t layer, void *stream);
 
-/* Runs every layer of the current step in layer order (gdn_engine_run_layer for each). */
+/* Runs every layer of the current step in layer order. GDN_EMISUSE if any layer of the step already
+ * ran (then nothing runs). */
 GDN_API gdn_status gdn_engine_run_step(gdn_engine *engine, void *stream);
 
 /*
