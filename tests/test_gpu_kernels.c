@@ -23,6 +23,7 @@
 ReportHook(POST_ALL)(struct criterion_global_stats *stats)
 {
     if (stats->nb_tests > 0 && stats->tests_skipped == stats->nb_tests) {
+        printf("[====] Skipped: %zu GPU tests (no GPU)\n", stats->tests_skipped);
         fflush(NULL);
         _Exit(77);
     }
