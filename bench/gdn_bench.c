@@ -664,6 +664,36 @@ static int time_case(const preset *pr, gdn_dtype sd, int B, int T, int do_commit
     return 0;
 }
 
+/*
+ * The launch floor: a B = 1 step whose only row is padding (one slot-index load, V output zeros per
+ * head, no state traffic), timed like a case. What a B = 1 step costs beyond moving its state.
+ */
+static int measure_floor(const preset *pr, cudaStream_t s, double *graph_us)
+{
+    const int64_t slot = (int64_t)pr->HV * pr->V * pr->K;
+    void *d_buf;
+    const size_t bytes = (size_t)slot * 4 + 65536;
+    CHECK_CUDA(cudaMalloc(&d_buf, bytes));
+    CHECK_CUDA(cudaMemset(d_buf, 0, bytes));
+    step_ctx c = {0};
+    gdn__layer_params *p = &c.p;
+    p->B = 1, p->T = 1, p->HK = pr->HK, p->HV = pr->HV, p->K = pr->K, p->V = pr->V;
+    p->scale = 1.0f, p->use_qk_l2norm = 1;
+    p->input_dtype = GDN_DTYPE_BF16, p->state_dtype = GDN_DTYPE_F32, p->output_dtype = GDN_DTYPE_BF16;
+    char *b = (char *)d_buf + (size_t)slot * 4;
+    p->q = b, p->k = b + 8192, p->v = b + 16384, p->a = b + 32768, p->b = b + 36864, p->out = b + 40960;
+    p->A_log = (const float *)(b + 57344), p->dt_bias = (const float *)(b + 59392);
+    p->state = d_buf, p->num_slots = 1, p->slot_stride = slot;
+    int32_t *d_rs = (int32_t *)(b + 61440);
+    const int32_t pad = -1;
+    CHECK_CUDA(cudaMemcpy(d_rs, &pad, 4, cudaMemcpyHostToDevice));
+    c.instances = 1, c.d_slots = d_rs;
+    double d_us, h_us;
+    if (time_launches(launch_step, &c, 200, 20, s, &d_us, graph_us, &h_us)) return -1;
+    CHECK_CUDA(cudaFree(d_buf));
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Main                                                                                             */
 /* ---------------------------------------------------------------------------------------------- */
@@ -780,6 +810,13 @@ int main(int argc, char **argv)
     if (cudaMalloc(&d_rand, rand_bytes) != cudaSuccess ||
         cudaMemcpy(d_rand, h_rand, rand_bytes, cudaMemcpyHostToDevice) != cudaSuccess)
         return 2;
+
+    if (o.time)
+        for (int pi = 0; pi < o.npresets; pi++) {
+            double floor_us;
+            if (measure_floor(o.presets[pi], s, &floor_us)) return 3;
+            printf("# %s launch floor (B = 1, padding row only, graph replay): %.2f us\n", o.presets[pi]->name, floor_us);
+        }
 
     const int max_results = o.npresets * o.nstates * o.nbatch * o.ntokens;
     result *res = calloc((size_t)max_results, sizeof *res);

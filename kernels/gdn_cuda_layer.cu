@@ -33,13 +33,32 @@
 /* Geometry derived from the template parameters                                                    */
 /* ---------------------------------------------------------------------------------------------- */
 
-template <int K, typename S> struct layer_geometry {
+/* Tuning knobs (fixed after measurement; overridable for experiments): state values per thread for
+ * large grids and for small grids (B = 1 needs many small CTAs), and the minimum resident CTAs per SM
+ * given to __launch_bounds__. */
+#ifndef GDN__STATE_REGS_SMALL
+#define GDN__STATE_REGS_SMALL 16
+#endif
+
+/* State values per thread on large grids. Decode with bf16 state holds 64 (16-byte loads carry 8
+ * values, so 32 would leave too few bytes in flight per SM); otherwise 32. */
+template <typename S, bool ONE_TOKEN> constexpr int big_regs() { return ONE_TOKEN && sizeof(S) == 2 ? 64 : 32; }
+
+/* Minimum resident 128-thread CTAs per SM (__launch_bounds__), i.e. the register cap: measured best
+ * on H200 (bench/results/2026-11-21-h100-kernels.md). bf16 decode with 64 values: 4 (128 registers);
+ * fp32 decode: uncapped; verify: 6 (80 registers, no spills). */
+template <typename S, bool ONE_TOKEN, int REGS> constexpr int min_blocks()
+{
+    return !ONE_TOKEN ? 6 : REGS >= 64 ? 4 : 1;
+}
+
+template <int K, typename S, int REGS> struct layer_geometry {
     static constexpr int EV = gdn__vec16<S>::elems;          /* state elements per 16-byte vector */
     static constexpr int VEC_PER_ROW = K / EV;               /* 16-byte vectors in one state row */
     static constexpr int L = VEC_PER_ROW < 32 ? VEC_PER_ROW : 32; /* lanes sharing one row */
     static constexpr int NV = VEC_PER_ROW / L;               /* vectors per lane per row */
     static constexpr int G = 32 / L;                         /* rows a warp covers at once */
-    static constexpr int RT = (32 / (NV * EV)) > 0 ? 32 / (NV * EV) : 1; /* rows per thread */
+    static constexpr int RT = (REGS / (NV * EV)) > 0 ? REGS / (NV * EV) : 1; /* rows per thread */
     static constexpr int ROWS_PER_WARP = RT * G;
     static_assert(K % EV == 0 && VEC_PER_ROW % L == 0 && 32 % L == 0, "row split");
     static_assert(64 % ROWS_PER_WARP == 0, "a warp tile must divide every V (64, 128, 256)");
@@ -54,14 +73,38 @@ template <int L> __device__ __forceinline__ float group_sum(float x)
     return x;
 }
 
+/* One token's inputs as a lane needs them: its NV slices of q and k (key head kh), v of its RT rows,
+ * and the gate inputs a, b of value head h; all as fp32. */
+template <typename I, int NV, int EV, int RT> struct token_inputs {
+    float k[NV][EV], q[NV][EV], v[RT], a, b;
+
+    __device__ __forceinline__ void load(const gdn__layer_params &p, const I *kp, const I *qp, const I *vp,
+                                         const I *ap, const I *bp, int64_t tok, int kh, int h, int row0, int G,
+                                         int glane, int L)
+    {
+        const int K = p.K;
+        const int64_t qk_base = (tok * p.HK + kh) * K;
+#pragma unroll
+        for (int n = 0; n < NV; n++) {
+            gdn__load_vec<I, EV>(kp + qk_base + (n * L + glane) * EV, k[n]);
+            gdn__load_vec<I, EV>(qp + qk_base + (n * L + glane) * EV, q[n]);
+        }
+        const int64_t gate = tok * p.HV + h;
+        a = gdn__to_f32(ap[gate]);
+        b = gdn__to_f32(bp[gate]);
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) v[rt] = gdn__to_f32(vp[gate * p.V + row0 + rt * G]);
+    }
+};
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Kernel template                                                                                  */
 /* ---------------------------------------------------------------------------------------------- */
 
-template <int K, typename S, typename I, typename O>
-__global__ void __launch_bounds__(128) layer_step_kernel(const gdn__layer_params p)
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN>
+__global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer_step_kernel(const gdn__layer_params p)
 {
-    using Geo = layer_geometry<K, S>;
+    using Geo = layer_geometry<K, S, REGS>;
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT;
 
     const int lane = threadIdx.x & 31;
@@ -69,7 +112,7 @@ __global__ void __launch_bounds__(128) layer_step_kernel(const gdn__layer_params
     const int group = lane / L;   /* which of the G rows of a warp step */
     const int glane = lane % L;   /* lane within the row group */
     const int warps = blockDim.x >> 5;
-    const int V = p.V, T = p.T, HV = p.HV;
+    const int V = p.V, T = ONE_TOKEN ? 1 : p.T, HV = p.HV;
     const int tile_rows = warps * Geo::ROWS_PER_WARP;
     const int tiles_per_head = V / tile_rows;
     const int h = blockIdx.x / tiles_per_head;
@@ -113,22 +156,16 @@ __global__ void __launch_bounds__(128) layer_step_kernel(const gdn__layer_params
     S *cache = static_cast<S *>(p.cache);
     const int64_t cache_token_stride = (int64_t)HV * state_elems;
 
+    /* (Loading token t + 1's inputs during token t was measured slower: the extra registers cost
+     * more occupancy than the hidden latency gained.) */
     for (int t = 0; t < T; t++) {
-        const int64_t tok = i * T + t;
-        /* q, k of key head kh: the lane's NV slices of EV elements. */
-        float kv[NV][EV], qv[NV][EV];
-        const int64_t qk_base = (tok * p.HK + kh) * K;
-#pragma unroll
-        for (int n = 0; n < NV; n++) {
-            gdn__load_vec<I, EV>(kp + qk_base + (n * L + glane) * EV, kv[n]);
-            gdn__load_vec<I, EV>(qp + qk_base + (n * L + glane) * EV, qv[n]);
-        }
-        const int64_t gate = tok * HV + h;
-        const float x = gdn__to_f32(ap[gate]) + dt_bias;
-        const float beta = 1.0f / (1.0f + expf(-gdn__to_f32(bp[gate])));
-        float vrow[RT];
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++) vrow[rt] = gdn__to_f32(vp[gate * V + row0 + rt * G]);
+        token_inputs<I, NV, EV, RT> cur;
+        cur.load(p, kp, qp, vp, ap, bp, i * T + t, kh, h, row0, G, glane, L);
+        float(&kv)[NV][EV] = cur.k;
+        float(&qv)[NV][EV] = cur.q;
+        const float(&vrow)[RT] = cur.v;
+        const float x = cur.a + dt_bias;
+        const float beta = 1.0f / (1.0f + expf(-cur.b));
 
         const float sp = x <= 20.0f ? log1pf(expf(x)) : x;
         const float g = expf(-A * sp);
@@ -211,19 +248,37 @@ __global__ void __launch_bounds__(128) layer_step_kernel(const gdn__layer_params
 /* CTAs below which a launch uses fewer warps per CTA (more, smaller CTAs) to reach more SMs. */
 #define GDN__SMALL_GRID_CTAS 1024
 
-template <int K, typename S, typename I, typename O>
-static gdn_status launch(const gdn__layer_params *p, cudaStream_t stream)
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN>
+static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
-    using Geo = layer_geometry<K, S>;
+    using Geo = layer_geometry<K, S, REGS>;
     int warps = 4;
     while (warps > 1 && ((int64_t)p->V % (warps * Geo::ROWS_PER_WARP) != 0 ||
                          (int64_t)p->B * p->HV * (p->V / (warps * Geo::ROWS_PER_WARP)) < GDN__SMALL_GRID_CTAS))
         warps /= 2;
     const int tiles_per_head = p->V / (warps * Geo::ROWS_PER_WARP);
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
-    layer_step_kernel<K, S, I, O><<<grid, warps * 32, 0, stream>>>(*p);
+    layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN><<<grid, warps * 32, 0, stream>>>(*p);
     GDN__CUDA_TRY(cudaGetLastError());
     return GDN_OK;
+}
+
+/* Large grids: more state per thread (more bytes in flight per SM); small grids: less state per
+ * thread, so that the work spreads over more warps and SMs. */
+template <int K, typename S, typename I, typename O, bool ONE_TOKEN>
+static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
+{
+    constexpr int BIG = big_regs<S, ONE_TOKEN>();
+    using Big = layer_geometry<K, S, BIG>;
+    const int64_t big_warps = (int64_t)p->B * p->HV * (p->V / Big::ROWS_PER_WARP);
+    if (big_warps >= 4 * GDN__SMALL_GRID_CTAS) return launch_regs<K, S, I, O, BIG, ONE_TOKEN>(p, stream);
+    return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN>(p, stream);
+}
+
+template <int K, typename S, typename I, typename O>
+static gdn_status launch(const gdn__layer_params *p, cudaStream_t stream)
+{
+    return p->T == 1 ? launch_tokens<K, S, I, O, true>(p, stream) : launch_tokens<K, S, I, O, false>(p, stream);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
