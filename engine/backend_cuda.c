@@ -11,6 +11,7 @@
 
 #include "alloc.h"
 #include "backend_impl.h"
+#include "graphs/graph_cuda.h"
 #include "kernels/gdn_cuda.h"
 
 #define STAGING_RING 16
@@ -21,6 +22,7 @@ typedef struct cuda_backend {
     unsigned char *staging;            /* pinned [STAGING_RING][staging_bytes] */
     cudaEvent_t staging_done[STAGING_RING];
     int staging_next;
+    cudaStream_t capture_stream; /* private: graphs are captured here, replayed on the caller's */
     char last_error[256];
 } cuda_backend;
 
@@ -106,6 +108,36 @@ static gdn_status cuda_synchronize(void *ctx, void *stream)
     return GDN_OK;
 }
 
+static gdn_status cuda_capture_begin(void *ctx, void **capture_stream)
+{
+    cuda_backend *cu = ctx;
+    GDN__CUDA_TRY(cu, gdn__graph_capture_begin(cu->capture_stream));
+    *capture_stream = cu->capture_stream;
+    return GDN_OK;
+}
+
+static gdn_status cuda_capture_end(void *ctx, int keep, void **graph)
+{
+    cuda_backend *cu = ctx;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t err = gdn__graph_capture_end(cu->capture_stream, keep, &exec);
+    *graph = exec;
+    if (err != cudaSuccess) return record_error(cu, err, "gdn__graph_capture_end", __LINE__);
+    return GDN_OK;
+}
+
+static gdn_status cuda_graph_launch(void *ctx, void *graph, void *stream)
+{
+    GDN__CUDA_TRY((cuda_backend *)ctx, gdn__graph_launch((cudaGraphExec_t)graph, (cudaStream_t)stream));
+    return GDN_OK;
+}
+
+static void cuda_graph_destroy(void *ctx, void *graph)
+{
+    (void)ctx;
+    gdn__graph_destroy((cudaGraphExec_t)graph);
+}
+
 static const char *cuda_last_error(const void *ctx) { return ((const cuda_backend *)ctx)->last_error; }
 
 static void cuda_destroy(void *ctx)
@@ -115,6 +147,7 @@ static void cuda_destroy(void *ctx)
     for (int i = 0; i < STAGING_RING; i++)
         if (cu->staging_done[i]) cudaEventDestroy(cu->staging_done[i]);
     if (cu->staging) cudaFreeHost(cu->staging);
+    if (cu->capture_stream) cudaStreamDestroy(cu->capture_stream);
     gdn__free(cu);
 }
 
@@ -130,6 +163,10 @@ static const gdn__backend_iface cuda_iface = {
     .layer_step = cuda_layer_step,
     .commit = cuda_commit,
     .synchronize = cuda_synchronize,
+    .capture_begin = cuda_capture_begin,
+    .capture_end = cuda_capture_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
     .last_error = cuda_last_error,
     .destroy = cuda_destroy,
 };
@@ -150,6 +187,7 @@ gdn_status gdn__backend_cuda_create(int32_t device, size_t staging_bytes, gdn__b
     cudaError_t err = cudaMallocHost((void **)&cu->staging, STAGING_RING * staging_bytes);
     for (int i = 0; err == cudaSuccess && i < STAGING_RING; i++)
         err = cudaEventCreateWithFlags(&cu->staging_done[i], cudaEventDisableTiming);
+    if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&cu->capture_stream, cudaStreamNonBlocking);
     if (err != cudaSuccess) status = err == cudaErrorMemoryAllocation ? GDN_ENOMEM : GDN_ECUDA;
     if (status != GDN_OK) {
         cuda_destroy(cu);

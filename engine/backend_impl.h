@@ -32,6 +32,13 @@ typedef struct gdn__backend_iface {
     gdn_status (*commit)(void *ctx, const gdn__commit_params *params, void *stream);
     /* Waits for the stream. */
     gdn_status (*synchronize)(void *ctx, void *stream);
+    /* (optional) Step graphs; NULL on backends without them, which then always launch directly.
+     * capture_begin hands out the stream to enqueue the captured work on; capture_end stops the
+     * capture and, when keep is nonzero, instantiates it into *graph (else discards it). */
+    gdn_status (*capture_begin)(void *ctx, void **capture_stream);
+    gdn_status (*capture_end)(void *ctx, int keep, void **graph);
+    gdn_status (*graph_launch)(void *ctx, void *graph, void *stream);
+    void (*graph_destroy)(void *ctx, void *graph);
     /* The last runtime error as text, "" if none. */
     const char *(*last_error)(const void *ctx);
     /* Frees the context (all backend memory must already be freed). */

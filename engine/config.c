@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct model_preset {
@@ -62,6 +63,7 @@ gdn_status gdn_engine_config_init(gdn_engine_config *config, const gdn_model_con
     config->verify_strategy = GDN_VERIFY_CACHE;
     config->backend = GDN_BACKEND_AUTO;
     config->device = 0;
+    config->graph_mode = GDN_GRAPHS_LAZY;
     return GDN_OK;
 }
 
@@ -95,6 +97,8 @@ gdn_status gdn_engine_config_validate(const gdn_engine_config *c)
         return GDN_ECONFIG_VERIFY;
     if (c->backend != GDN_BACKEND_AUTO && c->backend != GDN_BACKEND_CUDA && c->backend != GDN_BACKEND_CPU)
         return GDN_ECONFIG_BACKEND;
+    if (c->graph_mode != GDN_GRAPHS_LAZY && c->graph_mode != GDN_GRAPHS_AT_CREATE && c->graph_mode != GDN_GRAPHS_OFF)
+        return GDN_ECONFIG_GRAPHS;
     return GDN_OK;
 }
 
@@ -105,6 +109,8 @@ gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_confi
     *resolved = *config;
     if (resolved->num_buckets == 0)
         resolved->num_buckets = gdn__default_buckets(resolved->max_batch, resolved->buckets, GDN_MAX_BUCKETS);
+    const char *disable = getenv("GDN_DISABLE_GRAPHS");
+    if (disable && strcmp(disable, "1") == 0) resolved->graph_mode = GDN_GRAPHS_OFF;
     if (resolved->model.scale == 0.0f) resolved->model.scale = 1.0f / sqrtf((float)resolved->model.head_dim_k);
     return GDN_OK;
 }

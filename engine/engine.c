@@ -10,6 +10,7 @@
 #include "alloc.h"
 #include "backend_impl.h"
 #include "config.h"
+#include "graphs/graph_cache.h"
 #include "slots.h"
 
 /* One step as the engine remembers it between begin_step and the next begin_step. */
@@ -19,7 +20,7 @@ typedef struct step_state {
     int32_t tokens;
     int32_t batch;          /* rows the caller gave */
     int32_t bucket;         /* padded rows the kernels run */
-    int has_write_slots;
+    int32_t bucket_index;   /* position of bucket in the bucket list */
     int32_t layers_done;    /* distinct layers run */
     int committed;
 } step_state;
@@ -38,13 +39,22 @@ struct gdn_engine {
     int64_t cache_layer_stride;
     void *io_block;             /* every layer's q, k, v, a, b, o */
     float *params;              /* [L][2][HV]: A_log then dt_bias */
-    int32_t *indices;           /* read slots [max_batch], write slots [max_batch], accepted
-                                 * [max_batch], error flag [1] */
+    int32_t *indices;           /* rows [2 * max_batch] (the step's bucket read slots, then its
+                                 * bucket write slots), accepted [max_batch], error flag [1] */
 
     gdn_layer_io *io;     /* host [L] */
     uint8_t *layer_ran;   /* host [L] */
-    int32_t *row_staging; /* host [2 * max_batch]: padded read then write slots */
+    int32_t *row_staging; /* host [2 * max_batch]: padded read then write slots, as uploaded */
     step_state step;
+
+    /* Step graphs (backends with graph support, graph_mode != OFF). */
+    gdn__graph_cache graphs;
+    int use_graphs;
+    int capturing;           /* inside a capture: run_layer and commit record into it */
+    gdn__graph_key capture_key;
+    uint8_t *capture_ran;    /* host [L]: layers recorded in the current capture */
+    int32_t capture_layers;
+    int capture_committed;
     gdn_memory_report memory;
 };
 
@@ -52,8 +62,10 @@ struct gdn_engine {
 /* Helpers                                                                                          */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* The rows of a step of `bucket` rows: read slots at the start, write slots right after them, so one
+ * upload of 2 * bucket indices sets both. */
 static int32_t *read_slots_buffer(const gdn_engine *e) { return e->indices; }
-static int32_t *write_slots_buffer(const gdn_engine *e) { return e->indices + e->config.max_batch; }
+static int32_t *write_slots_buffer(const gdn_engine *e, int32_t bucket) { return e->indices + bucket; }
 static int32_t *accepted_buffer(const gdn_engine *e) { return e->indices + 2 * e->config.max_batch; }
 static int32_t *error_flag_buffer(const gdn_engine *e) { return e->indices + 3 * e->config.max_batch; }
 
@@ -135,7 +147,11 @@ static gdn_status allocate_everything(gdn_engine *e)
     e->io = gdn__calloc((size_t)L, sizeof *e->io);
     e->layer_ran = gdn__calloc((size_t)L, sizeof *e->layer_ran);
     e->row_staging = gdn__calloc(2 * (size_t)c->max_batch, sizeof *e->row_staging);
-    if (!e->io || !e->layer_ran || !e->row_staging) return GDN_ENOMEM;
+    e->capture_ran = gdn__calloc((size_t)L, sizeof *e->capture_ran);
+    if (!e->io || !e->layer_ran || !e->row_staging || !e->capture_ran) return GDN_ENOMEM;
+    e->use_graphs = e->backend.iface->graph_launch != NULL && c->graph_mode != GDN_GRAPHS_OFF;
+    if (e->use_graphs && (status = gdn__graph_cache_init(&e->graphs, c->num_buckets, c->max_tokens)) != GDN_OK)
+        return status;
     if ((status = gdn__slots_init(&e->slots, c->num_slots)) != GDN_OK) return status;
 
     e->slot_stride = state_elems_per_slot(c);
@@ -161,6 +177,10 @@ static void release_everything(gdn_engine *e)
     if (e->backend.iface) {
         const gdn__backend_iface *b = e->backend.iface;
         b->synchronize(e->backend.ctx, NULL);
+        for (int32_t i = 0; i < gdn__graph_cache_size(&e->graphs); i++) {
+            gdn__graph_entry *entry = gdn__graph_cache_entry_at(&e->graphs, i);
+            if (entry->exec) b->graph_destroy(e->backend.ctx, entry->exec);
+        }
         b->free(e->backend.ctx, e->state);
         b->free(e->backend.ctx, e->cache);
         b->free(e->backend.ctx, e->io_block);
@@ -168,11 +188,15 @@ static void release_everything(gdn_engine *e)
         b->free(e->backend.ctx, e->indices);
         b->destroy(e->backend.ctx);
     }
+    gdn__graph_cache_release(&e->graphs);
     gdn__slots_release(&e->slots);
+    gdn__free(e->capture_ran);
     gdn__free(e->io);
     gdn__free(e->layer_ran);
     gdn__free(e->row_staging);
 }
+
+static gdn_status capture_all_graphs(gdn_engine *e);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Lifecycle                                                                                        */
@@ -192,6 +216,7 @@ gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
     status = create_backend(&resolved, 2 * (size_t)resolved.max_batch * sizeof(int32_t), &e->backend);
     if (status == GDN_OK) status = allocate_everything(e);
     if (status == GDN_OK) status = e->backend.iface->synchronize(e->backend.ctx, NULL); /* zero fills done */
+    if (status == GDN_OK && e->use_graphs && resolved.graph_mode == GDN_GRAPHS_AT_CREATE) status = capture_all_graphs(e);
     if (status != GDN_OK) {
         release_everything(e);
         gdn__free(e);
@@ -259,7 +284,7 @@ static int step_needs_slot(const gdn_engine *e, int32_t slot)
     if (all_ran && (st->kind == GDN_STEP_DECODE || st->committed)) return 0;
     const int32_t *reads = e->row_staging, *writes = e->row_staging + st->bucket;
     for (int32_t i = 0; i < st->batch; i++)
-        if (reads[i] == slot || (st->has_write_slots && writes[i] == slot)) return 1;
+        if (reads[i] == slot || writes[i] == slot) return 1;
     return 0;
 }
 
@@ -384,9 +409,17 @@ gdn_status gdn_engine_check_device_error(gdn_engine *e, void *stream)
 /* Steps                                                                                            */
 /* ---------------------------------------------------------------------------------------------- */
 
+static int32_t bucket_index_of(const gdn_engine_config *c, int32_t bucket)
+{
+    for (int32_t i = 0; i < c->num_buckets; i++)
+        if (c->buckets[i] == bucket) return i;
+    return -1;
+}
+
 gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stream, int32_t *bucket_out)
 {
     if (!e || !step) return GDN_EINVAL;
+    if (e->capturing) return GDN_EMISUSE;
     const gdn_engine_config *c = &e->config;
     if (step->kind != GDN_STEP_DECODE && step->kind != GDN_STEP_VERIFY) return GDN_ESTEP_KIND;
     if (step->batch < 0 || step->batch > c->max_batch) return GDN_ESTEP_BATCH;
@@ -396,22 +429,21 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
     gdn_status status = gdn__slots_check_step(&e->slots, step->batch, step->slots, step->write_slots);
     if (status != GDN_OK) return status;
 
-    /* Stage the padded rows: read slots then (if distinct) write slots. */
-    const int32_t bucket = step->batch == 0 ? 1 : gdn__bucket_for(c, step->batch);
+    /* Stage the padded rows, read slots then write slots (w = r unless given), as one upload. */
+    const int32_t bucket = gdn__bucket_for(c, step->batch == 0 ? 1 : step->batch);
     int32_t *staged_read = e->row_staging, *staged_write = e->row_staging + bucket;
     for (int32_t i = 0; i < bucket; i++) {
         const int live = i < step->batch && step->slots[i] >= 0;
         staged_read[i] = live ? step->slots[i] : -1;
-        if (step->write_slots) staged_write[i] = live ? step->write_slots[i] : -1;
+        staged_write[i] = live ? (step->write_slots ? step->write_slots[i] : step->slots[i]) : -1;
     }
-    const size_t row_bytes = (size_t)bucket * sizeof(int32_t);
-    const gdn__backend_iface *b = e->backend.iface;
-    status = b->upload_staged(e->backend.ctx, read_slots_buffer(e), staged_read, row_bytes, stream);
-    if (status == GDN_OK && step->write_slots)
-        status = b->upload_staged(e->backend.ctx, write_slots_buffer(e), staged_write, row_bytes, stream);
-    if (status != GDN_OK) {
-        e->step.active = 0; /* the device indices may be half-written: no step can run on them */
-        return status;
+    if (step->batch > 0) {
+        status = e->backend.iface->upload_staged(e->backend.ctx, read_slots_buffer(e), staged_read,
+                                                 2 * (size_t)bucket * sizeof(int32_t), stream);
+        if (status != GDN_OK) {
+            e->step.active = 0; /* the device rows may be half-written: no step can run on them */
+            return status;
+        }
     }
 
     e->step = (step_state){
@@ -420,21 +452,22 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
         .tokens = step->tokens,
         .batch = step->batch,
         .bucket = bucket,
-        .has_write_slots = step->write_slots != NULL,
+        .bucket_index = bucket_index_of(c, bucket),
     };
     memset(e->layer_ran, 0, (size_t)c->model.num_layers);
     if (bucket_out) *bucket_out = bucket;
     return GDN_OK;
 }
 
-static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn__layer_params *p)
+static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens,
+                              int32_t bucket, gdn__layer_params *p)
 {
     const gdn_engine_config *c = &e->config;
     const size_t state_size = gdn_dtype_size(c->state_dtype);
     const gdn_layer_io *io = &e->io[layer];
     memset(p, 0, sizeof *p);
-    p->B = e->step.bucket;
-    p->T = e->step.tokens;
+    p->B = bucket;
+    p->T = tokens;
     p->HK = c->model.num_k_heads;
     p->HV = c->model.num_v_heads;
     p->K = c->model.head_dim_k;
@@ -450,43 +483,159 @@ static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn__layer_par
     p->num_slots = c->num_slots;
     p->slot_stride = e->slot_stride;
     p->read_slots = read_slots_buffer(e);
-    p->write_slots = e->step.has_write_slots ? write_slots_buffer(e) : NULL;
+    p->write_slots = write_slots_buffer(e, bucket);
     p->output_dtype = c->output_dtype;
     p->out = io->o;
-    if (e->step.kind == GDN_STEP_VERIFY) {
+    if (kind == GDN_STEP_VERIFY) {
         p->cache = (char *)e->cache + (size_t)(layer * e->cache_layer_stride) * state_size;
         p->cache_row_stride = e->cache_row_stride;
     }
     p->error_flag = error_flag_buffer(e);
 }
 
+static void fill_commit_params(const gdn_engine *e, int32_t tokens, int32_t bucket, gdn__commit_params *p)
+{
+    const gdn_engine_config *c = &e->config;
+    *p = (gdn__commit_params){
+        .B = bucket,
+        .T = tokens,
+        .num_layers = c->model.num_layers,
+        .HV = c->model.num_v_heads,
+        .K = c->model.head_dim_k,
+        .V = c->model.head_dim_v,
+        .state_dtype = c->state_dtype,
+        .state = e->state,
+        .state_layer_stride = e->state_layer_stride,
+        .num_slots = c->num_slots,
+        .slot_stride = e->slot_stride,
+        .cache = e->cache,
+        .cache_layer_stride = e->cache_layer_stride,
+        .cache_row_stride = e->cache_row_stride,
+        .read_slots = read_slots_buffer(e),
+        .write_slots = write_slots_buffer(e, bucket),
+        .accepted = accepted_buffer(e),
+        .error_flag = error_flag_buffer(e),
+    };
+}
+
+/* run_layer inside a capture: records the layer's launch for the shape being captured. */
+static gdn_status capture_layer(gdn_engine *e, int32_t layer, void *stream)
+{
+    if (e->capture_ran[layer] || e->capture_committed) return GDN_EMISUSE;
+    gdn__layer_params params;
+    fill_layer_params(e, layer, (gdn_step_kind)e->capture_key.kind, e->capture_key.tokens, e->capture_key.bucket,
+                      &params);
+    gdn_status status = e->backend.iface->layer_step(e->backend.ctx, &params, stream);
+    if (status != GDN_OK) return status;
+    e->capture_ran[layer] = 1;
+    e->capture_layers++;
+    return GDN_OK;
+}
+
 gdn_status gdn_engine_run_layer(gdn_engine *e, int32_t layer, void *stream)
 {
     if (!e) return GDN_EINVAL;
     if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
+    if (e->capturing) return capture_layer(e, layer, stream);
     if (!e->step.active || e->step.committed || e->layer_ran[layer]) return GDN_EMISUSE;
-    if (e->step.batch == 0) { /* nothing to run: an empty step touches nothing */
-        e->layer_ran[layer] = 1;
-        e->step.layers_done++;
-        return GDN_OK;
+    if (e->step.batch > 0) { /* an empty step touches nothing */
+        gdn__layer_params params;
+        fill_layer_params(e, layer, e->step.kind, e->step.tokens, e->step.bucket, &params);
+        gdn_status status = e->backend.iface->layer_step(e->backend.ctx, &params, stream);
+        if (status != GDN_OK) return status;
     }
-    gdn__layer_params params;
-    fill_layer_params(e, layer, &params);
-    gdn_status status = e->backend.iface->layer_step(e->backend.ctx, &params, stream);
-    if (status != GDN_OK) return status;
     e->layer_ran[layer] = 1;
     e->step.layers_done++;
+    return GDN_OK;
+}
+
+/* The work of one step: the caller's capture callback, or every layer in order. Runs directly, or
+ * inside a capture (then run_layer and commit record instead of tracking the current step). */
+static gdn_status step_work(gdn_engine *e, gdn_step_kind kind, int32_t tokens, int32_t bucket, void *stream)
+{
+    const gdn_engine_config *c = &e->config;
+    if (c->capture) return c->capture(c->capture_user, e, kind, tokens, bucket, stream);
+    for (int32_t l = 0; l < c->model.num_layers; l++) {
+        gdn_status status = gdn_engine_run_layer(e, l, stream);
+        if (status != GDN_OK) return status;
+    }
+    return GDN_OK;
+}
+
+/* Captures and instantiates the graph of `key` into its table entry. */
+static gdn_status capture_graph(gdn_engine *e, const gdn__graph_key *key, int32_t bucket_index)
+{
+    const gdn__backend_iface *b = e->backend.iface;
+    gdn__graph_entry *entry = gdn__graph_cache_slot(&e->graphs, key, bucket_index);
+    if (!entry) return GDN_EINVAL;
+    void *capture_stream = NULL;
+    gdn_status status = b->capture_begin(e->backend.ctx, &capture_stream);
+    if (status != GDN_OK) return status;
+    e->capturing = 1;
+    e->capture_key = *key;
+    memset(e->capture_ran, 0, (size_t)e->config.model.num_layers);
+    e->capture_layers = 0;
+    e->capture_committed = 0;
+    status = step_work(e, (gdn_step_kind)key->kind, key->tokens, key->bucket, capture_stream);
+    if (status == GDN_OK && e->capture_layers != e->config.model.num_layers) status = GDN_EMISUSE;
+    e->capturing = 0;
+    void *graph = NULL;
+    gdn_status end_status = b->capture_end(e->backend.ctx, status == GDN_OK, &graph);
+    if (status != GDN_OK) return status;
+    if (end_status != GDN_OK) return end_status;
+    entry->key = *key;
+    entry->exec = graph;
+    entry->includes_commit = e->capture_committed;
+    e->graphs.captured++;
+    return GDN_OK;
+}
+
+/* GDN_GRAPHS_AT_CREATE: every (bucket, kind, T) the configuration allows. */
+static gdn_status capture_all_graphs(gdn_engine *e)
+{
+    const gdn_engine_config *c = &e->config;
+    const int32_t total = c->num_buckets * (1 + c->max_tokens);
+    int32_t done = 0;
+    for (int32_t bi = 0; bi < c->num_buckets; bi++) {
+        for (int32_t column = 0; column <= c->max_tokens; column++) {
+            const gdn_step_kind kind = column == 0 ? GDN_STEP_DECODE : GDN_STEP_VERIFY;
+            const gdn__graph_key key = gdn__graph_key_make(kind, column == 0 ? 1 : column, c->buckets[bi]);
+            gdn_status status = capture_graph(e, &key, bi);
+            if (status != GDN_OK) return status;
+            if (c->graph_progress) c->graph_progress(c->graph_progress_user, ++done, total);
+        }
+    }
     return GDN_OK;
 }
 
 gdn_status gdn_engine_run_step(gdn_engine *e, void *stream)
 {
     if (!e) return GDN_EINVAL;
-    if (!e->step.active || e->step.committed || e->step.layers_done > 0) return GDN_EMISUSE;
-    for (int32_t l = 0; l < e->config.model.num_layers; l++) {
-        gdn_status status = gdn_engine_run_layer(e, l, stream);
-        if (status != GDN_OK) return status;
+    if (e->capturing || !e->step.active || e->step.committed || e->step.layers_done > 0) return GDN_EMISUSE;
+    step_state *st = &e->step;
+    const int32_t L = e->config.model.num_layers;
+    if (st->batch == 0) { /* nothing to run: an empty step touches nothing */
+        memset(e->layer_ran, 1, (size_t)L);
+        st->layers_done = L;
+        return GDN_OK;
     }
+    if (!e->use_graphs) {
+        gdn_status status = step_work(e, st->kind, st->tokens, st->bucket, stream);
+        if (status == GDN_OK && st->layers_done != L) status = GDN_EMISUSE; /* callback skipped a layer */
+        return status;
+    }
+    const gdn__graph_key key = gdn__graph_key_make(st->kind, st->tokens, st->bucket);
+    gdn__graph_entry *entry = gdn__graph_cache_find(&e->graphs, &key, st->bucket_index);
+    if (!entry) {
+        gdn_status status = capture_graph(e, &key, st->bucket_index);
+        if (status != GDN_OK) return status;
+        entry = gdn__graph_cache_find(&e->graphs, &key, st->bucket_index);
+    }
+    gdn_status status = e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream);
+    if (status != GDN_OK) return status;
+    memset(e->layer_ran, 1, (size_t)L);
+    st->layers_done = L;
+    if (entry->includes_commit) st->committed = 1;
     return GDN_OK;
 }
 
@@ -494,30 +643,20 @@ gdn_status gdn_engine_commit(gdn_engine *e, void *stream)
 {
     if (!e) return GDN_EINVAL;
     const gdn_engine_config *c = &e->config;
+    gdn__commit_params p;
+    if (e->capturing) { /* the capture callback ends a verify graph with its commit */
+        if (e->capture_key.kind != GDN_STEP_VERIFY || e->capture_committed || e->capture_layers != c->model.num_layers)
+            return GDN_EMISUSE;
+        fill_commit_params(e, e->capture_key.tokens, e->capture_key.bucket, &p);
+        gdn_status status = e->backend.iface->commit(e->backend.ctx, &p, stream);
+        if (status == GDN_OK) e->capture_committed = 1;
+        return status;
+    }
     const int all_layers_ran = e->step.layers_done == c->model.num_layers;
     if (!e->step.active || e->step.kind != GDN_STEP_VERIFY || e->step.committed || !all_layers_ran)
         return GDN_EMISUSE;
     if (e->step.batch > 0) {
-        gdn__commit_params p = {
-            .B = e->step.bucket,
-            .T = e->step.tokens,
-            .num_layers = c->model.num_layers,
-            .HV = c->model.num_v_heads,
-            .K = c->model.head_dim_k,
-            .V = c->model.head_dim_v,
-            .state_dtype = c->state_dtype,
-            .state = e->state,
-            .state_layer_stride = e->state_layer_stride,
-            .num_slots = c->num_slots,
-            .slot_stride = e->slot_stride,
-            .cache = e->cache,
-            .cache_layer_stride = e->cache_layer_stride,
-            .cache_row_stride = e->cache_row_stride,
-            .read_slots = read_slots_buffer(e),
-            .write_slots = e->step.has_write_slots ? write_slots_buffer(e) : NULL,
-            .accepted = accepted_buffer(e),
-            .error_flag = error_flag_buffer(e),
-        };
+        fill_commit_params(e, e->step.tokens, e->step.bucket, &p);
         gdn_status status = e->backend.iface->commit(e->backend.ctx, &p, stream);
         if (status != GDN_OK) return status;
     }

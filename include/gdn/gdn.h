@@ -82,6 +82,7 @@ GDN_API int gdn_version(void);
     XX(ECONFIG_VERIFY, -30, "config: verify_strategy is not a known strategy")                     \
     XX(ECONFIG_BACKEND, -31, "config: backend is not a known backend")                             \
     XX(ECONFIG_SCALE, -32, "config: scale must be finite and >= 0 (0 selects K^-0.5)")             \
+    XX(ECONFIG_GRAPHS, -33, "config: graph_mode is not a known mode")                              \
     XX(ESTEP_KIND, -40, "step: kind must be GDN_STEP_DECODE or GDN_STEP_VERIFY")                   \
     XX(ESTEP_BATCH, -41, "step: batch must be between 0 and max_batch")                            \
     XX(ESTEP_TOKENS, -42, "step: tokens must be 1 for decode and 1..max_tokens for verify")        \
@@ -134,6 +135,13 @@ typedef enum gdn_verify_strategy {
     GDN_VERIFY_REPLAY = 1,
 } gdn_verify_strategy;
 
+/* When the CUDA backend captures a step's CUDA graph (one per bucket, T and step kind). */
+typedef enum gdn_graph_mode {
+    GDN_GRAPHS_LAZY = 0,      /* on the first step of that shape (that step pays for the capture) */
+    GDN_GRAPHS_AT_CREATE = 1, /* every shape in gdn_engine_create: no step ever captures */
+    GDN_GRAPHS_OFF = 2,       /* launch each layer directly (also forced by GDN_DISABLE_GRAPHS=1) */
+} gdn_graph_mode;
+
 typedef enum gdn_step_kind {
     GDN_STEP_DECODE = 0, /* T = 1, state updated in place */
     GDN_STEP_VERIFY = 1, /* T tokens, pool untouched until gdn_engine_commit */
@@ -172,6 +180,24 @@ typedef struct gdn_engine_config {
     gdn_verify_strategy verify_strategy;
     gdn_backend_kind backend;
     int32_t device;         /* CUDA device ordinal (CUDA backend) */
+
+    /* CUDA graphs (CUDA backend only; the CPU backend always runs directly). */
+    gdn_graph_mode graph_mode;
+    /* Called during creation with GDN_GRAPHS_AT_CREATE after each capture (may be NULL). */
+    void (*graph_progress)(void *user, int32_t captured, int32_t total);
+    void *graph_progress_user;
+    /*
+     * What a step's graph contains (may be NULL: every layer's GDN update, in layer order). When set,
+     * the engine calls it inside the capture of each (bucket, T, kind) with the capture stream; it
+     * enqueues the caller's own work on that stream and calls gdn_engine_run_layer(engine, l,
+     * capture_stream) for every layer exactly once (and, for a verify step, may end with
+     * gdn_engine_commit(engine, capture_stream) so that the replay commits too). Whatever the
+     * caller's kernels read or write is baked into the graph: keep those buffers fixed. A status
+     * other than GDN_OK aborts the capture and is returned by the step.
+     */
+    gdn_status (*capture)(void *user, gdn_engine *engine, gdn_step_kind kind, int32_t tokens,
+                          int32_t bucket, void *capture_stream);
+    void *capture_user;
 } gdn_engine_config;
 
 /*
@@ -184,7 +210,7 @@ GDN_API gdn_status gdn_model_preset(const char *name, int32_t num_layers, gdn_mo
 /*
  * Fills `config` with defaults around `model`: fp32 state, bf16 inputs and outputs, 64 slots,
  * max_batch 64, max_tokens 4, the default buckets, the cache verify strategy, the AUTO backend,
- * device 0. Returns GDN_EINVAL for NULL pointers.
+ * device 0, lazily captured graphs, no callbacks. Returns GDN_EINVAL for NULL pointers.
  */
 GDN_API gdn_status gdn_engine_config_init(gdn_engine_config *config, const gdn_model_config *model);
 

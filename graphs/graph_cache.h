@@ -1,0 +1,50 @@
+/*
+ * The table of instantiated step graphs: one entry per (step kind, T, bucket), allocated whole at
+ * engine creation so that lookups on the step path allocate nothing. Keys are whole structs, zeroed
+ * before use and compared with memcmp, so a field added to the key can never be left out of the
+ * comparison. Backend-neutral: the graph itself is an opaque handle of the backend.
+ */
+#ifndef GDN_GRAPHS_GRAPH_CACHE_H
+#define GDN_GRAPHS_GRAPH_CACHE_H
+
+#include "gdn/gdn.h"
+
+typedef struct gdn__graph_key {
+    int32_t kind;   /* gdn_step_kind */
+    int32_t tokens; /* T */
+    int32_t bucket; /* padded rows */
+} gdn__graph_key;
+
+typedef struct gdn__graph_entry {
+    gdn__graph_key key;
+    void *exec;          /* backend graph handle; NULL while not captured */
+    int includes_commit; /* the capture callback committed inside the graph */
+} gdn__graph_entry;
+
+typedef struct gdn__graph_cache {
+    gdn__graph_entry *entries; /* [num_buckets][1 + max_tokens]: decode at 0, verify T at T */
+    int32_t num_buckets;
+    int32_t max_tokens;
+    int32_t captured;
+} gdn__graph_cache;
+
+/* A zeroed key of these fields. */
+gdn__graph_key gdn__graph_key_make(gdn_step_kind kind, int32_t tokens, int32_t bucket);
+
+gdn_status gdn__graph_cache_init(gdn__graph_cache *cache, int32_t num_buckets, int32_t max_tokens);
+/* Frees the table; the caller destroys the backend graphs first (gdn__graph_cache_entry_at). */
+void gdn__graph_cache_release(gdn__graph_cache *cache);
+
+/* Number of entries, and entry i (for iterating at creation and destruction). */
+int32_t gdn__graph_cache_size(const gdn__graph_cache *cache);
+gdn__graph_entry *gdn__graph_cache_entry_at(gdn__graph_cache *cache, int32_t i);
+
+/* The entry that holds `key` (bucket_index: the bucket's position in the bucket list), or NULL for a
+ * key outside the table. */
+gdn__graph_entry *gdn__graph_cache_slot(gdn__graph_cache *cache, const gdn__graph_key *key, int32_t bucket_index);
+
+/* The captured graph of `key`, or NULL when it has not been captured (or its entry holds another
+ * key). */
+gdn__graph_entry *gdn__graph_cache_find(gdn__graph_cache *cache, const gdn__graph_key *key, int32_t bucket_index);
+
+#endif /* GDN_GRAPHS_GRAPH_CACHE_H */

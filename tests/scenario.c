@@ -1,0 +1,206 @@
+/* Random multi-step scenario against a float64 host reference: see scenario.h. */
+#include "scenario.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support.h"
+
+typedef struct request {
+    int live;
+    int32_t slot;
+    int32_t remaining; /* tokens still wanted */
+    double *state;     /* [L][HV*V*K]: the reference, rounded where the engine stores */
+} request;
+
+static double out_abs_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 1e-3 : 1e-2; }
+static double out_rel_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 5e-3 : 1e-2; }
+static double state_abs_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 0.016 : 1e-2; }
+static double state_rel_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 5e-3 : 1e-2; }
+
+static void admit(gdn_engine *e, request *r, test_rng *rng, int32_t layers, size_t elems)
+{
+    if (gdn_slot_alloc(e, &r->slot) != GDN_OK) return;
+    r->live = 1;
+    r->remaining = 1 + test_rng_below(rng, 24);
+    r->state = calloc(elems * (size_t)layers, sizeof(double));
+    if (test_rng_uniform(rng) < 0.25) {
+        cr_assert_eq(gdn_slot_reset(e, r->slot, NULL), GDN_OK);
+        return;
+    }
+    test_fill_slot_state(e, r->slot, rng);
+    for (int32_t l = 0; l < layers; l++) {
+        double *s = test_read_state(e, l, r->slot);
+        memcpy(r->state + elems * (size_t)l, s, elems * sizeof(double));
+        free(s);
+    }
+}
+
+scenario_result run_scenario(const scenario_options *o)
+{
+    scenario_result result;
+    memset(&result, 0, sizeof result);
+    test_rng rng = test_rng_seeded(o->seed);
+    gdn_engine_config config = test_config(o->preset, o->layers, o->state_dtype, o->num_slots, o->max_batch, o->max_tokens);
+    config.backend = o->backend;
+    config.graph_mode = o->graph_mode;
+    float *params = NULL;
+    gdn_engine *e = test_engine_create(&config, &rng, &params);
+    config = *gdn_engine_get_config(e);
+    const int32_t L = o->layers, HV = config.model.num_v_heads, V = config.model.head_dim_v;
+    const size_t elems = test_state_elems(e), out_per_token = (size_t)HV * (size_t)V;
+    const int32_t max_requests = o->num_slots;
+    request *reqs = calloc((size_t)max_requests, sizeof *reqs);
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)o->max_batch), *writes = malloc(sizeof(int32_t) * (size_t)o->max_batch);
+    int32_t *row_req = malloc(sizeof(int32_t) * (size_t)o->max_batch), *accepted = malloc(sizeof(int32_t) * (size_t)o->max_batch);
+    double *expected_out = malloc(sizeof(double) * out_per_token * GDN_MAX_TOKENS);
+    double *scratch = malloc(sizeof(double) * elems);
+    uint8_t bucket_seen[4096] = {0};
+
+    for (int32_t step = 0; step < o->steps; step++) {
+        /* Arrivals: bursts, so the batch grows and shrinks through the buckets. */
+        const int busy = (step / 25) % 2 == 0;
+        const int32_t arrivals = test_rng_below(&rng, busy ? 4 : 2);
+        for (int32_t a = 0; a < arrivals; a++)
+            for (int32_t i = 0; i < max_requests; i++)
+                if (!reqs[i].live) {
+                    admit(e, &reqs[i], &rng, L, elems);
+                    result.admitted += reqs[i].live;
+                    break;
+                }
+
+        /* Rows: a random subset of live requests in random order, with padding rows and forks. */
+        int32_t n = 0;
+        for (int32_t i = 0; i < max_requests && n < o->max_batch; i++) {
+            if (!reqs[i].live || test_rng_uniform(&rng) < 0.2) continue;
+            if (n < o->max_batch - 1 && test_rng_uniform(&rng) < 0.08) { /* explicit padding row */
+                rows[n] = -1, writes[n] = -1, row_req[n] = -1;
+                n++, result.padding_rows++;
+            }
+            rows[n] = reqs[i].slot, writes[n] = reqs[i].slot, row_req[n] = i;
+            n++;
+        }
+        for (int32_t i = n - 1; i > 0; i--) { /* shuffle rows */
+            const int32_t j = test_rng_below(&rng, i + 1);
+            int32_t t = rows[i]; rows[i] = rows[j], rows[j] = t;
+            t = writes[i]; writes[i] = writes[j], writes[j] = t;
+            t = row_req[i]; row_req[i] = row_req[j], row_req[j] = t;
+        }
+        int32_t forked_from[64];
+        for (int32_t i = 0; i < n; i++) {
+            forked_from[i] = -1;
+            if (rows[i] < 0 || i >= 64 || test_rng_uniform(&rng) > 0.1) continue;
+            int32_t fresh;
+            if (gdn_slot_alloc(e, &fresh) != GDN_OK) continue;
+            writes[i] = fresh, forked_from[i] = rows[i];
+            result.forks++;
+        }
+
+        const int verify = o->max_tokens > 1 && test_rng_uniform(&rng) < 0.5;
+        const int32_t T = verify ? 2 + test_rng_below(&rng, o->max_tokens - 1) : 1;
+        test_inputs *in = calloc((size_t)L, sizeof *in);
+        for (int32_t l = 0; l < L; l++) {
+            test_write_inputs(e, l, n, T, &rng, &in[l]);
+            test_poison_outputs(e, l);
+        }
+        gdn_step st = {.kind = verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, .tokens = T, .batch = n, .slots = rows,
+                       .write_slots = writes};
+        int32_t bucket = 0;
+        gdn_status status = gdn_engine_begin_step(e, &st, NULL, &bucket);
+        cr_assert_eq(status, GDN_OK, "step %d: begin_step %s", step, gdn_status_name(status));
+        if (bucket < 4096) result.buckets_seen += !bucket_seen[bucket], bucket_seen[bucket] = 1;
+        status = gdn_engine_run_step(e, NULL);
+        cr_assert_eq(status, GDN_OK, "step %d: run_step %s (%s)", step, gdn_status_name(status), gdn_engine_last_error(e));
+        if (verify) {
+            for (int32_t i = 0; i < n; i++) {
+                const double u = test_rng_uniform(&rng);
+                accepted[i] = u < 0.2 ? 0 : (u < 0.4 ? T : test_rng_below(&rng, T + 1));
+                if (rows[i] >= 0) result.accepted_zero += accepted[i] == 0, result.accepted_full += accepted[i] == T;
+            }
+            test_set_accepted(e, accepted, n);
+            cr_assert_eq(gdn_engine_commit(e, NULL), GDN_OK);
+            result.verify_steps++;
+        } else {
+            result.decode_steps++;
+        }
+
+        /* Check every row: outputs of every token, and the reference advanced by what it kept. */
+        for (int32_t l = 0; l < L; l++) {
+            double *out = test_read_outputs(e, l, n, T);
+            for (int32_t i = 0; i < n; i++) {
+                double *got = out + (size_t)i * T * out_per_token;
+                if (rows[i] < 0) {
+                    for (size_t j = 0; j < (size_t)T * out_per_token; j++)
+                        cr_assert_eq(got[j], 0.0, "step %d: padding row %d output", step, i);
+                    continue;
+                }
+                request *r = &reqs[row_req[i]];
+                const int32_t keep = verify ? accepted[i] : 1;
+                double *S = r->state + elems * (size_t)l;
+                memcpy(scratch, S, elems * sizeof(double));
+                test_reference_row(&config, &in[l], i, T, params + (size_t)l * 2 * HV, params + (size_t)l * 2 * HV + HV,
+                                   scratch, expected_out);
+                test_round_to(expected_out, (size_t)T * out_per_token, config.output_dtype);
+                const double ratio = test_error_ratio(got, expected_out, (size_t)T * out_per_token,
+                                                      out_abs_tol(o->state_dtype), out_rel_tol(o->state_dtype));
+                cr_assert_leq(ratio, 1.0, "step %d layer %d row %d: outputs at %.0f%% of tolerance", step, l, i, 100 * ratio);
+                if (ratio > result.worst_output) result.worst_output = ratio;
+                if (keep > 0) { /* the state after `keep` tokens, rounded once where the engine stores it */
+                    test_reference_row(&config, &in[l], i, keep, params + (size_t)l * 2 * HV,
+                                       params + (size_t)l * 2 * HV + HV, S, NULL);
+                    test_round_to(S, elems, o->state_dtype);
+                }
+            }
+            free(out);
+        }
+        for (int32_t i = 0; i < n; i++) {
+            if (rows[i] < 0) continue;
+            request *r = &reqs[row_req[i]];
+            const int32_t keep = verify ? accepted[i] : 1;
+            if (forked_from[i] >= 0) { /* the request moves to its new slot; the old one retires */
+                if (keep == 0) { /* nothing was committed into the new slot: carry the state over */
+                    for (int32_t l = 0; l < L; l++) {
+                        void *raw = malloc(test_state_bytes(e));
+                        cr_assert_eq(gdn_slot_read_state(e, l, r->slot, raw), GDN_OK);
+                        cr_assert_eq(gdn_slot_write_state(e, l, writes[i], raw), GDN_OK);
+                        free(raw);
+                    }
+                }
+                cr_assert_eq(gdn_slot_free(e, r->slot), GDN_OK);
+                r->slot = writes[i];
+            }
+            r->remaining -= keep;
+        }
+
+        /* Every live request's state, every layer, against the reference. */
+        for (int32_t q = 0; q < max_requests; q++) {
+            if (!reqs[q].live) continue;
+            for (int32_t l = 0; l < L; l++) {
+                double *s = test_read_state(e, l, reqs[q].slot);
+                const double ratio = test_error_ratio(s, reqs[q].state + elems * (size_t)l, elems,
+                                                      state_abs_tol(o->state_dtype), state_rel_tol(o->state_dtype));
+                cr_assert_leq(ratio, 1.0, "step %d request %d layer %d: state at %.0f%% of tolerance", step, q, l, 100 * ratio);
+                if (ratio > result.worst_state) result.worst_state = ratio;
+                free(s);
+            }
+        }
+
+        /* Retire finished requests (and a few early, as cancelled ones). */
+        for (int32_t q = 0; q < max_requests; q++) {
+            if (!reqs[q].live || (reqs[q].remaining > 0 && test_rng_uniform(&rng) > 0.02)) continue;
+            cr_assert_eq(gdn_slot_free(e, reqs[q].slot), GDN_OK);
+            free(reqs[q].state);
+            memset(&reqs[q], 0, sizeof reqs[q]);
+            result.retired++;
+        }
+        for (int32_t l = 0; l < L; l++) test_inputs_free(&in[l]);
+        free(in);
+    }
+    cr_assert_eq(gdn_engine_check_device_error(e, NULL), GDN_OK);
+    for (int32_t q = 0; q < max_requests; q++) free(reqs[q].state);
+    free(reqs), free(rows), free(writes), free(row_req), free(accepted), free(expected_out), free(scratch), free(params);
+    gdn_engine_destroy(e);
+    return result;
+}

@@ -1,0 +1,32 @@
+/*
+ * A random multi-step serving scenario, checked against a float64 host reference at every step: the
+ * harness behind the engine's scenario tests on both backends. Requests are admitted (random or zero
+ * initial state), run in decode and verify steps of varying batch (so several buckets), with explicit
+ * padding rows, forks into a new write slot, random acceptance (0 and T included), and retire.
+ */
+#ifndef GDN_TESTS_SCENARIO_H
+#define GDN_TESTS_SCENARIO_H
+
+#include "gdn/gdn.h"
+
+typedef struct scenario_options {
+    const char *preset;
+    gdn_backend_kind backend;
+    gdn_graph_mode graph_mode;
+    gdn_dtype state_dtype;
+    int32_t layers, steps, num_slots, max_batch, max_tokens;
+    uint64_t seed;
+} scenario_options;
+
+typedef struct scenario_result {
+    double worst_state;  /* largest error as a fraction of SPEC 4's tolerance */
+    double worst_output;
+    int32_t decode_steps, verify_steps, admitted, retired, forks, padding_rows;
+    int32_t buckets_seen;  /* distinct buckets used */
+    int32_t accepted_zero, accepted_full;
+} scenario_result;
+
+/* Runs the scenario, asserting (Criterion) at every step; returns the statistics. */
+scenario_result run_scenario(const scenario_options *options);
+
+#endif /* GDN_TESTS_SCENARIO_H */
