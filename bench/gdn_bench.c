@@ -13,7 +13,7 @@
  *      bandwidth measured at start (2 GiB buffers).
  * A failed validation makes the exit code nonzero. --json FILE writes every result.
  *
- *   gdn-bench [--quick] [--preset qwen3-next,qwen3.5,tiny] [--state f32,bf16] [--batch 1,2,...]
+ *   gdn-bench [--quick] [--preset qwen3-next,qwen3.5,tiny,wide] [--state f32,bf16] [--batch 1,2,...]
  *             [--tokens 1,2,...] [--commit] [--json FILE] [--no-time]
  */
 #include <cuda_runtime.h>
@@ -120,6 +120,7 @@ static const preset presets[] = {
     {"qwen3-next", 16, 32, 128, 128},
     {"qwen3.5", 16, 64, 128, 128},
     {"tiny", 2, 4, 64, 64},
+    {"wide", 2, 4, 256, 256}, /* not a model: covers K = V = 256 */
 };
 
 typedef struct options {

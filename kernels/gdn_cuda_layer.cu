@@ -39,17 +39,20 @@
 #ifndef GDN__STATE_REGS_SMALL
 #define GDN__STATE_REGS_SMALL 16
 #endif
+#ifndef GDN__STATE_REGS_TINY
+#define GDN__STATE_REGS_TINY 8
+#endif
 
-/* State values per thread on large grids. Decode with bf16 state holds 64 (16-byte loads carry 8
- * values, so 32 would leave too few bytes in flight per SM); otherwise 32. */
-template <typename S, bool ONE_TOKEN> constexpr int big_regs() { return ONE_TOKEN && sizeof(S) == 2 ? 64 : 32; }
+/* State values per thread on large grids. bf16 state holds 64 (16-byte loads carry 8 values, so 32
+ * would leave too few bytes in flight per SM); fp32 holds 32. */
+template <typename S> constexpr int big_regs() { return sizeof(S) == 2 ? 64 : 32; }
 
-/* Minimum resident 128-thread CTAs per SM (__launch_bounds__), i.e. the register cap: measured best
- * on H200 (bench/results/2026-11-21-h100-kernels.md). bf16 decode with 64 values: 4 (128 registers);
- * fp32 decode: uncapped; verify: 6 (80 registers, no spills). */
+/* Minimum resident 128-thread CTAs per SM (__launch_bounds__), i.e. the register cap, measured on
+ * H200 (bench/results/2026-11-21-h100-kernels.md): 64 values per thread: 4 (128 registers); fp32
+ * decode: uncapped; otherwise 6 (80 registers, no spills). */
 template <typename S, bool ONE_TOKEN, int REGS> constexpr int min_blocks()
 {
-    return !ONE_TOKEN ? 6 : REGS >= 64 ? 4 : 1;
+    return REGS >= 64 ? 4 : ONE_TOKEN && sizeof(S) == 4 && REGS >= 32 ? 1 : 6;
 }
 
 template <int K, typename S, int REGS> struct layer_geometry {
@@ -268,10 +271,15 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 template <int K, typename S, typename I, typename O, bool ONE_TOKEN>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
-    constexpr int BIG = big_regs<S, ONE_TOKEN>();
+    constexpr int BIG = big_regs<S>();
     using Big = layer_geometry<K, S, BIG>;
+    using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL>;
     const int64_t big_warps = (int64_t)p->B * p->HV * (p->V / Big::ROWS_PER_WARP);
+    const int64_t small_warps = (int64_t)p->B * p->HV * (p->V / Small::ROWS_PER_WARP);
     if (big_warps >= 4 * GDN__SMALL_GRID_CTAS) return launch_regs<K, S, I, O, BIG, ONE_TOKEN>(p, stream);
+    /* The smallest decode grids (e.g. B = 1 of a 32-head layer): fewer rows per warp, shorter chains. */
+    if (ONE_TOKEN && small_warps < 2 * GDN__SMALL_GRID_CTAS)
+        return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN>(p, stream);
     return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN>(p, stream);
 }
 
