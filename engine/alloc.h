@@ -25,6 +25,9 @@ void gdn__free(void *ptr);
  * the counter is unavailable. Tests difference two readings. */
 uint64_t gdn__thread_allocated_bytes(void);
 
+/* Successful gdn__malloc / gdn__calloc calls since the process started (all threads). */
+uint64_t gdn__allocation_count(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -679,16 +679,17 @@ Test(engine, step_path_allocates_no_host_memory)
     test_set_accepted(f.e, accepted, 3);
     gdn_step verify = {.kind = GDN_STEP_VERIFY, .tokens = 4, .batch = 3, .slots = rows};
     gdn_step decode = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 3, .slots = rows};
-    const uint64_t before = gdn__thread_allocated_bytes();
+    const uint64_t before = gdn__thread_allocated_bytes(), calls_before = gdn__allocation_count();
     gdn_status s1 = gdn_engine_begin_step(f.e, &verify, NULL, NULL);
     gdn_status s2 = gdn_engine_run_step(f.e, NULL);
     gdn_status s3 = gdn_engine_commit(f.e, NULL);
     gdn_status s4 = gdn_engine_begin_step(f.e, &decode, NULL, NULL);
     gdn_status s5 = gdn_engine_run_step(f.e, NULL);
-    const uint64_t after = gdn__thread_allocated_bytes();
+    const uint64_t after = gdn__thread_allocated_bytes(), calls_after = gdn__allocation_count();
     cr_assert(s1 == GDN_OK && s2 == GDN_OK && s3 == GDN_OK && s4 == GDN_OK && s5 == GDN_OK);
     cr_assert_gt(before, 0, "jemalloc's thread.allocated counter is readable");
     cr_assert_eq(after, before, "the step path allocated %llu bytes", (unsigned long long)(after - before));
+    cr_assert_eq(calls_after, calls_before, "the step path called gdn__malloc");
     free_all_inputs(&f, in);
     teardown(&f);
 }

@@ -1,0 +1,323 @@
+/*
+ * The engine on the CUDA backend: graph replay bit-exact with direct launches (lazy and at-create
+ * capture), the random 200-step scenario against the float64 host reference with graphs, no host or
+ * device allocation after creation, a step that returns while the GPU is still busy, and a capture
+ * callback whose own work is part of the replayed graph. Skips visibly without a GPU.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/alloc.h"
+#include "scenario.h"
+#include "support.h"
+
+ReportHook(POST_ALL)(struct criterion_global_stats *stats)
+{
+    if (stats->nb_tests > 0 && stats->tests_skipped == stats->nb_tests) {
+        printf("[====] Skipped: %zu GPU tests (no GPU)\n", stats->tests_skipped);
+        fflush(NULL);
+        _Exit(77);
+    }
+}
+
+#ifdef GDN_HAVE_CUDA
+#include <cuda_runtime.h>
+
+int test_gpu_spin(void *stream, double milliseconds);
+
+static void require_gpu(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        cr_skip_test("no CUDA GPU on this machine: GPU engine test skipped");
+    }
+}
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static gdn_engine *cuda_engine(gdn_graph_mode mode, uint64_t seed, gdn_dtype state_dtype)
+{
+    gdn_engine_config c = test_config("qwen3-next", 3, state_dtype, 40, 32, 4);
+    c.backend = GDN_BACKEND_CUDA;
+    c.graph_mode = mode;
+    test_rng rng = test_rng_seeded(seed);
+    gdn_engine *e = test_engine_create(&c, &rng, NULL);
+    int32_t s;
+    for (int i = 0; i < 40; i++) {
+        cr_assert_eq(gdn_slot_alloc(e, &s), GDN_OK);
+        test_fill_slot_state(e, s, &rng);
+    }
+    return e;
+}
+
+/* The same steps on several engines with the same inputs; outputs and states must be identical. */
+static void run_twins(gdn_engine **engines, int count)
+{
+    test_rng rng = test_rng_seeded(123);
+    const int32_t batches[] = {3, 17, 1, 32, 9, 3}, kinds[] = {0, 1, 1, 0, 1, 0};
+    for (size_t s = 0; s < sizeof batches / sizeof batches[0]; s++) {
+        const int32_t B = batches[s], T = kinds[s] ? 2 + (int32_t)(s % 3) : 1;
+        int32_t rows[32], accepted[32];
+        for (int32_t i = 0; i < B; i++) rows[i] = (int32_t)((i * 7 + s * 3) % 40), accepted[i] = test_rng_below(&rng, T + 1);
+        for (int32_t i = 0; i < B; i++) /* keep rows distinct */
+            for (int32_t j = 0; j < i; j++)
+                if (rows[j] == rows[i]) rows[i] = -1;
+        for (int k = 0; k < count; k++) {
+            test_rng inputs = test_rng_seeded(1000 + s); /* identical inputs for every twin */
+            for (int32_t l = 0; l < 3; l++) {
+                test_inputs in;
+                test_write_inputs(engines[k], l, B, T, &inputs, &in);
+                test_inputs_free(&in);
+                test_poison_outputs(engines[k], l);
+            }
+            test_run_step(engines[k], kinds[s] ? GDN_STEP_VERIFY : GDN_STEP_DECODE, T, B, rows, NULL);
+            if (kinds[s]) {
+                test_set_accepted(engines[k], accepted, B);
+                cr_assert_eq(gdn_engine_commit(engines[k], NULL), GDN_OK);
+            }
+        }
+        const gdn_engine_config *c = gdn_engine_get_config(engines[0]);
+        const size_t out_bytes = (size_t)B * T * 32 * 128 * gdn_dtype_size(c->output_dtype);
+        unsigned char *first = malloc(out_bytes), *other = malloc(out_bytes);
+        for (int32_t l = 0; l < 3; l++) {
+            gdn_layer_io io;
+            gdn_engine_layer_io(engines[0], l, &io);
+            cr_assert_eq(gdn_engine_download(engines[0], first, io.o, out_bytes, NULL), GDN_OK);
+            gdn_engine_synchronize(engines[0], NULL);
+            for (int k = 1; k < count; k++) {
+                gdn_engine_layer_io(engines[k], l, &io);
+                cr_assert_eq(gdn_engine_download(engines[k], other, io.o, out_bytes, NULL), GDN_OK);
+                gdn_engine_synchronize(engines[k], NULL);
+                cr_assert_eq(memcmp(first, other, out_bytes), 0, "step %zu layer %d: outputs of engine %d differ", s, l, k);
+            }
+        }
+        free(first), free(other);
+        for (int32_t slot = 0; slot < 40; slot++) {
+            unsigned char *a = test_snapshot_slot(engines[0], slot);
+            for (int k = 1; k < count; k++) {
+                unsigned char *b = test_snapshot_slot(engines[k], slot);
+                cr_assert_eq(memcmp(a, b, 3 * test_state_bytes(engines[0])), 0, "step %zu slot %d differs", s, slot);
+                free(b);
+            }
+            free(a);
+        }
+    }
+}
+
+static void count_progress(void *user, int32_t captured, int32_t total)
+{
+    int32_t *seen = user;
+    seen[0] = captured, seen[1] = total;
+}
+
+Test(gpu_engine, graph_replay_is_bit_exact_with_direct_launches, .timeout = 600)
+{
+    require_gpu();
+    gdn_engine *direct = cuda_engine(GDN_GRAPHS_OFF, 5, GDN_DTYPE_BF16);
+    gdn_engine *lazy = cuda_engine(GDN_GRAPHS_LAZY, 5, GDN_DTYPE_BF16);
+    gdn_engine_config c = *gdn_engine_get_config(lazy);
+    c.graph_mode = GDN_GRAPHS_AT_CREATE;
+    int32_t progress[2] = {0, 0};
+    c.graph_progress = count_progress;
+    c.graph_progress_user = progress;
+    c.num_buckets = 0;
+    test_rng rng = test_rng_seeded(5);
+    gdn_engine *eager = test_engine_create(&c, &rng, NULL);
+    const int32_t expected_graphs = gdn_engine_get_config(eager)->num_buckets * (1 + 4);
+    cr_assert_eq(progress[1], expected_graphs);
+    cr_assert_eq(progress[0], expected_graphs, "progress reports every capture");
+    int32_t s;
+    for (int i = 0; i < 40; i++) {
+        gdn_slot_alloc(eager, &s);
+        test_fill_slot_state(eager, s, &rng);
+    }
+    gdn_engine *engines[] = {direct, lazy, eager};
+    run_twins(engines, 3);
+    for (int k = 0; k < 3; k++) gdn_engine_destroy(engines[k]);
+}
+
+Test(gpu_engine, random_200_step_scenario_with_graphs, .timeout = 900)
+{
+    require_gpu();
+    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    for (int d = 0; d < 2; d++) {
+        scenario_options o = {.preset = "tiny", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                              .state_dtype = dtypes[d], .layers = 3, .steps = 200, .num_slots = 24, .max_batch = 16,
+                              .max_tokens = 4, .seed = 300 + (uint64_t)d};
+        scenario_result r = run_scenario(&o);
+        cr_log_info("tiny %s: 200 steps, %d buckets, worst state %.1f%%, output %.1f%% of tolerance",
+                    d ? "bf16" : "fp32", r.buckets_seen, 100 * r.worst_state, 100 * r.worst_output);
+        o.preset = "qwen3-next", o.steps = 30, o.seed += 10;
+        r = run_scenario(&o);
+        cr_log_info("qwen3-next %s: 30 steps, worst state %.1f%%, output %.1f%% of tolerance", d ? "bf16" : "fp32",
+                    100 * r.worst_state, 100 * r.worst_output);
+    }
+}
+
+Test(gpu_engine, no_allocation_after_creation, .timeout = 300)
+{
+    require_gpu();
+    gdn_engine_config c = test_config("qwen3-next", 3, GDN_DTYPE_BF16, 40, 32, 4);
+    c.backend = GDN_BACKEND_CUDA;
+    c.graph_mode = GDN_GRAPHS_AT_CREATE;
+    test_rng rng = test_rng_seeded(8);
+    gdn_engine *e = test_engine_create(&c, &rng, NULL);
+    int32_t slots[32];
+    for (int i = 0; i < 32; i++) gdn_slot_alloc(e, &slots[i]);
+    int32_t accepted[32] = {0};
+    cr_assert_eq(gdn_engine_synchronize(e, NULL), GDN_OK);
+    size_t free_before = 0, free_after = 0, total = 0;
+    cudaMemGetInfo(&free_before, &total);
+    const uint64_t host_before = gdn__thread_allocated_bytes(), library_before = gdn__allocation_count();
+    gdn_status worst = GDN_OK;
+    for (int32_t round = 0; round < 3; round++) {
+        for (int32_t B = 1; B <= 32; B += 3) {
+            for (int32_t T = 1; T <= 4; T++) {
+                gdn_step st = {.kind = T == 1 ? GDN_STEP_DECODE : GDN_STEP_VERIFY, .tokens = T, .batch = B, .slots = slots};
+                gdn_status s1 = gdn_engine_begin_step(e, &st, NULL, NULL);
+                gdn_status s2 = gdn_engine_run_step(e, NULL);
+                gdn_status s3 = T == 1 ? GDN_OK : gdn_engine_upload(e, gdn_engine_accepted(e), accepted, sizeof(int32_t) * (size_t)B, NULL);
+                gdn_status s4 = T == 1 ? GDN_OK : gdn_engine_commit(e, NULL);
+                if (s1 || s2 || s3 || s4) worst = s1 ? s1 : (s2 ? s2 : (s3 ? s3 : s4));
+            }
+        }
+    }
+    const uint64_t host_after = gdn__thread_allocated_bytes(), library_after = gdn__allocation_count();
+    cr_assert_eq(gdn_engine_synchronize(e, NULL), GDN_OK);
+    cudaMemGetInfo(&free_after, &total);
+    cr_assert_eq(worst, GDN_OK, "a step failed: %s", gdn_status_name(worst));
+    cr_assert_eq(library_after, library_before, "the library allocated %llu times on the step path",
+                 (unsigned long long)(library_after - library_before));
+    /* jemalloc's counter also sees the CUDA runtime's own mallocs, which are not ours to control:
+     * report it, and require that it stays small (no per-step growth of our making). */
+    cr_log_info("jemalloc thread.allocated grew by %llu bytes over 3 x 44 steps (CUDA runtime included)",
+                (unsigned long long)(host_after - host_before));
+    cr_assert_eq(free_after, free_before, "device free memory moved by %lld bytes", (long long)free_before - (long long)free_after);
+    gdn_engine_destroy(e);
+}
+
+Test(gpu_engine, a_step_returns_while_the_gpu_is_busy)
+{
+    require_gpu();
+    gdn_engine *e = cuda_engine(GDN_GRAPHS_LAZY, 9, GDN_DTYPE_F32);
+    cudaStream_t stream;
+    cr_assert_eq(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    const int32_t rows[] = {1, 2, 3}, accepted[] = {1, 2, 0};
+    /* Warm up: capture the graphs used below. */
+    for (int kind = 0; kind < 2; kind++) {
+        gdn_step st = {.kind = kind ? GDN_STEP_VERIFY : GDN_STEP_DECODE, .tokens = kind ? 3 : 1, .batch = 3, .slots = rows};
+        cr_assert_eq(gdn_engine_begin_step(e, &st, stream, NULL), GDN_OK);
+        cr_assert_eq(gdn_engine_run_step(e, stream), GDN_OK);
+        if (kind) cr_assert_eq(gdn_engine_commit(e, stream), GDN_OK);
+    }
+    cr_assert_eq(cudaStreamSynchronize(stream), cudaSuccess);
+    cr_assert_eq(test_gpu_spin(stream, 200.0), 0); /* 200 ms of GPU work queued ahead of the steps */
+    cr_assert_eq(gdn_engine_upload(e, gdn_engine_accepted(e), accepted, sizeof accepted, stream), GDN_OK);
+    const double t0 = now_us();
+    for (int i = 0; i < 5; i++) {
+        gdn_step verify = {.kind = GDN_STEP_VERIFY, .tokens = 3, .batch = 3, .slots = rows};
+        cr_assert_eq(gdn_engine_begin_step(e, &verify, stream, NULL), GDN_OK);
+        cr_assert_eq(gdn_engine_run_step(e, stream), GDN_OK);
+        cr_assert_eq(gdn_engine_commit(e, stream), GDN_OK);
+        gdn_step decode = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 3, .slots = rows};
+        cr_assert_eq(gdn_engine_begin_step(e, &decode, stream, NULL), GDN_OK);
+        cr_assert_eq(gdn_engine_run_step(e, stream), GDN_OK);
+    }
+    const double elapsed = now_us() - t0;
+    cr_assert_eq(cudaStreamQuery(stream), cudaErrorNotReady, "the steps waited for the GPU");
+    cr_assert_lt(elapsed, 50000.0, "10 steps took %.0f us of host time behind a 200 ms kernel", elapsed);
+    cr_log_info("10 steps enqueued in %.1f us of host time while the GPU was busy", elapsed);
+    cr_assert_eq(cudaStreamSynchronize(stream), cudaSuccess);
+    cr_assert_eq(gdn_engine_check_device_error(e, stream), GDN_OK);
+    cudaStreamDestroy(stream);
+    gdn_engine_destroy(e);
+}
+
+/* The caller's own work in the captured graph: copy its "projected q" buffer into the layer's q,
+ * then run the layer. */
+typedef struct user_model {
+    void *d_q[3];     /* the caller's own per-layer q, [max_batch * max_tokens * HK * K] bf16 */
+    size_t q_bytes;
+    int calls;
+} user_model;
+
+static gdn_status user_capture(void *user, gdn_engine *e, gdn_step_kind kind, int32_t tokens, int32_t bucket, void *stream)
+{
+    (void)kind, (void)tokens, (void)bucket;
+    user_model *m = user;
+    m->calls++;
+    for (int32_t l = 0; l < 3; l++) {
+        gdn_layer_io io;
+        gdn_engine_layer_io(e, l, &io);
+        if (cudaMemcpyAsync(io.q, m->d_q[l], m->q_bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream) != cudaSuccess)
+            return GDN_ECUDA;
+        gdn_status s = gdn_engine_run_layer(e, l, stream);
+        if (s != GDN_OK) return s;
+    }
+    return GDN_OK;
+}
+
+Test(gpu_engine, capture_callback_work_is_replayed_with_the_step, .timeout = 300)
+{
+    require_gpu();
+    user_model m = {.q_bytes = (size_t)32 * 4 * 16 * 128 * 2};
+    for (int l = 0; l < 3; l++) cr_assert_eq(cudaMalloc(&m.d_q[l], m.q_bytes), cudaSuccess);
+    gdn_engine *plain = cuda_engine(GDN_GRAPHS_OFF, 11, GDN_DTYPE_F32);
+    gdn_engine_config c = *gdn_engine_get_config(plain);
+    c.graph_mode = GDN_GRAPHS_LAZY, c.capture = user_capture, c.capture_user = &m, c.num_buckets = 0;
+    test_rng rng = test_rng_seeded(11);
+    gdn_engine *with_callback = test_engine_create(&c, &rng, NULL);
+    int32_t s;
+    for (int i = 0; i < 40; i++) {
+        gdn_slot_alloc(with_callback, &s);
+        test_fill_slot_state(with_callback, s, &rng);
+    }
+    const int32_t rows[] = {4, 8, 15};
+    for (int round = 0; round < 3; round++) {
+        /* New "projections" each round: the callback's copy must run in every replay. */
+        test_rng inputs = test_rng_seeded(500 + (uint64_t)round);
+        for (int32_t l = 0; l < 3; l++) {
+            test_inputs in;
+            test_write_inputs(plain, l, 3, 1, &inputs, &in);
+            test_inputs_free(&in);
+            gdn_layer_io io;
+            gdn_engine_layer_io(plain, l, &io);
+            cr_assert_eq(cudaMemcpy(m.d_q[l], io.q, m.q_bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+            gdn_engine_layer_io(with_callback, l, &io);
+            gdn_layer_io pio;
+            gdn_engine_layer_io(plain, l, &pio);
+            cr_assert_eq(cudaMemset(io.q, 0, m.q_bytes), cudaSuccess); /* only the callback fills q */
+            const size_t k_bytes = m.q_bytes, v_bytes = m.q_bytes * 2, g_bytes = (size_t)32 * 4 * 32 * 2;
+            cr_assert_eq(cudaMemcpy(io.k, pio.k, k_bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+            cr_assert_eq(cudaMemcpy(io.v, pio.v, v_bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+            cr_assert_eq(cudaMemcpy(io.a, pio.a, g_bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+            cr_assert_eq(cudaMemcpy(io.b, pio.b, g_bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+        }
+        test_run_step(plain, GDN_STEP_DECODE, 1, 3, rows, NULL);
+        test_run_step(with_callback, GDN_STEP_DECODE, 1, 3, rows, NULL);
+        for (int i = 0; i < 3; i++) {
+            unsigned char *a = test_snapshot_slot(plain, rows[i]), *b = test_snapshot_slot(with_callback, rows[i]);
+            cr_assert_eq(memcmp(a, b, 3 * test_state_bytes(plain)), 0, "round %d row %d", round, i);
+            free(a), free(b);
+        }
+    }
+    cr_assert_eq(m.calls, 1, "captured once, replayed after");
+    for (int l = 0; l < 3; l++) cudaFree(m.d_q[l]);
+    gdn_engine_destroy(plain);
+    gdn_engine_destroy(with_callback);
+}
+
+#else
+
+Test(gpu_engine, skipped_without_cuda) { cr_skip_test("this build has no CUDA backend: GPU engine tests skipped"); }
+
+#endif
