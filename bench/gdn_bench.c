@@ -719,7 +719,7 @@ static void write_json(const char *path, const result *rs, int n, const char *gp
                 "    {\"preset\": \"%s\", \"state\": \"%s\", \"B\": %d, \"T\": %d, \"validation_pct_of_tol\": %.2f, "
                 "\"valid\": %s, \"direct_us\": %.3f, \"graph_us\": %.3f, \"host_us\": %.3f, \"bytes\": %.0f, "
                 "\"gbps\": %.1f, \"pct_copy\": %.1f, \"instances\": %d",
-                r->preset, dname(r->state), r->B, r->T, r->val_pct, r->val_ok ? "true" : "false",
+                r->preset, dname(r->state), r->B, r->T, isfinite(r->val_pct) ? r->val_pct : 1e9, r->val_ok ? "true" : "false",
                 isnan(r->direct_us) ? -1.0 : r->direct_us, isnan(r->graph_us) ? -1.0 : r->graph_us, r->host_us, r->bytes,
                 r->gbps, r->pct_copy, r->instances);
         if (r->commit_us > 0)
