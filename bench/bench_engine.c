@@ -1,0 +1,286 @@
+/*
+ * gdn-bench --engine: the engine's whole step (SPEC 5, issue 4). A qwen3-next model of 36 GDN layers
+ * on the CUDA backend with graphs captured at creation; for each bucket and T it reports
+ *   - host us per step: begin_step + run_step (+ commit for verify) as the serving loop calls them,
+ *     timed in bursts shorter than the staging ring after a sync, so no call waits for the GPU;
+ *   - GPU us per step, replaying the step's graph (index upload included);
+ *   - the same step as 36 direct launches (gdn_engine_run_layer per layer);
+ *   - the sum of the single-layer kernel times: the 36 direct launches queued behind a spin kernel, so
+ *     the GPU runs them back to back with no host launch gaps;
+ * and the ratio graph / sum (target <= 1.05) and host us (target <= 5).
+ *
+ *   gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--json FILE]
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gdn/gdn.h"
+#include "kernels/dtype_convert.h"
+
+int gdn_bench_engine_main(int argc, char **argv);
+int gdn_bench_spin(cudaStream_t stream, double milliseconds);
+
+#define TRY_GDN(expr)                                                                              \
+    do {                                                                                           \
+        gdn_status st_ = (expr);                                                                   \
+        if (st_ != GDN_OK) {                                                                       \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, gdn_status_name(st_));   \
+            return -1;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+#define TRY_CUDA(expr)                                                                             \
+    do {                                                                                           \
+        cudaError_t err_ = (expr);                                                                 \
+        if (err_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
+            return -1;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static int compare_doubles(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, compare_doubles);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct engine_row {
+    int32_t bucket, tokens;
+    double host_us, graph_us, direct_us, kernel_sum_us;
+} engine_row;
+
+/* One step as the serving loop issues it. */
+static int issue_step(gdn_engine *e, const int32_t *slots, int32_t batch, int32_t tokens, cudaStream_t s)
+{
+    gdn_step step = {.kind = tokens == 1 ? GDN_STEP_DECODE : GDN_STEP_VERIFY, .tokens = tokens, .batch = batch, .slots = slots};
+    TRY_GDN(gdn_engine_begin_step(e, &step, s, NULL));
+    TRY_GDN(gdn_engine_run_step(e, s));
+    if (tokens > 1) TRY_GDN(gdn_engine_commit(e, s));
+    return 0;
+}
+
+/* The same step as direct launches, one per layer. */
+static int issue_direct(gdn_engine *e, const int32_t *slots, int32_t batch, int32_t tokens, int32_t layers, cudaStream_t s)
+{
+    gdn_step step = {.kind = tokens == 1 ? GDN_STEP_DECODE : GDN_STEP_VERIFY, .tokens = tokens, .batch = batch, .slots = slots};
+    TRY_GDN(gdn_engine_begin_step(e, &step, s, NULL));
+    for (int32_t l = 0; l < layers; l++) TRY_GDN(gdn_engine_run_layer(e, l, s));
+    if (tokens > 1) TRY_GDN(gdn_engine_commit(e, s));
+    return 0;
+}
+
+static int measure(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t tokens, int32_t layers, cudaStream_t s,
+                   engine_row *row)
+{
+    enum { BURST = 12, BURSTS = 31, REPS = 20 };
+    double samples[BURSTS > REPS ? BURSTS : REPS];
+    cudaEvent_t start, stop;
+    TRY_CUDA(cudaEventCreate(&start));
+    TRY_CUDA(cudaEventCreate(&stop));
+    for (int w = 0; w < 3; w++)
+        if (issue_step(e, slots, bucket, tokens, s)) return -1;
+    TRY_CUDA(cudaStreamSynchronize(s));
+
+    /* Host time: bursts shorter than the staging ring (16), each after a sync. */
+    for (int b = 0; b < BURSTS; b++) {
+        TRY_CUDA(cudaStreamSynchronize(s));
+        const double t0 = now_us();
+        for (int i = 0; i < BURST; i++)
+            if (issue_step(e, slots, bucket, tokens, s)) return -1;
+        samples[b] = (now_us() - t0) / BURST;
+    }
+    row->host_us = median_of(samples, BURSTS);
+
+    /* GPU time per step: graph replays (with their index uploads) queued behind a spin kernel. */
+    for (int r = 0; r < REPS; r++) {
+        TRY_CUDA(cudaStreamSynchronize(s));
+        if (gdn_bench_spin(s, 2.0)) return -1;
+        TRY_CUDA(cudaEventRecord(start, s));
+        for (int i = 0; i < 8; i++)
+            if (issue_step(e, slots, bucket, tokens, s)) return -1;
+        TRY_CUDA(cudaEventRecord(stop, s));
+        TRY_CUDA(cudaEventSynchronize(stop));
+        float ms = 0;
+        TRY_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        samples[r] = 1000.0 * ms / 8;
+    }
+    row->graph_us = median_of(samples, REPS);
+
+    /* Direct launches as the host issues them (launch gaps included). */
+    for (int r = 0; r < REPS; r++) {
+        TRY_CUDA(cudaStreamSynchronize(s));
+        TRY_CUDA(cudaEventRecord(start, s));
+        if (issue_direct(e, slots, bucket, tokens, layers, s)) return -1;
+        TRY_CUDA(cudaEventRecord(stop, s));
+        TRY_CUDA(cudaEventSynchronize(stop));
+        float ms = 0;
+        TRY_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        samples[r] = 1000.0 * ms;
+    }
+    row->direct_us = median_of(samples, REPS);
+
+    /* Sum of single-layer kernel times: the direct launches queued behind a spin kernel. */
+    for (int r = 0; r < REPS; r++) {
+        TRY_CUDA(cudaStreamSynchronize(s));
+        if (gdn_bench_spin(s, 2.0)) return -1;
+        TRY_CUDA(cudaEventRecord(start, s));
+        if (issue_direct(e, slots, bucket, tokens, layers, s)) return -1;
+        TRY_CUDA(cudaEventRecord(stop, s));
+        TRY_CUDA(cudaEventSynchronize(stop));
+        float ms = 0;
+        TRY_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        samples[r] = 1000.0 * ms;
+    }
+    row->kernel_sum_us = median_of(samples, REPS);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return 0;
+}
+
+/* Random bf16 inputs in every layer's buffers (the timing does not depend on their values, but
+ * zeros are never timed). */
+static int fill_inputs(gdn_engine *e, const gdn_engine_config *c)
+{
+    const size_t rows = (size_t)c->max_batch * (size_t)c->max_tokens;
+    const size_t n_v = rows * (size_t)c->model.num_v_heads * (size_t)c->model.head_dim_v;
+    uint16_t *host = malloc(n_v * sizeof(uint16_t));
+    if (!host) return -1;
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < n_v; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        host[i] = gdn__f32_to_bf16((float)((double)(x >> 11) / 9007199254740992.0 - 0.5));
+    }
+    const size_t n_qk = rows * (size_t)c->model.num_k_heads * (size_t)c->model.head_dim_k;
+    const size_t n_g = rows * (size_t)c->model.num_v_heads;
+    for (int32_t l = 0; l < c->model.num_layers; l++) {
+        gdn_layer_io io;
+        TRY_GDN(gdn_engine_layer_io(e, l, &io));
+        TRY_GDN(gdn_engine_upload(e, io.q, host, n_qk * 2, NULL));
+        TRY_GDN(gdn_engine_upload(e, io.k, host + 1, n_qk * 2, NULL));
+        TRY_GDN(gdn_engine_upload(e, io.v, host, n_v * 2, NULL));
+        TRY_GDN(gdn_engine_upload(e, io.a, host + 2, n_g * 2, NULL));
+        TRY_GDN(gdn_engine_upload(e, io.b, host + 3, n_g * 2, NULL));
+    }
+    TRY_GDN(gdn_engine_synchronize(e, NULL));
+    free(host);
+    return 0;
+}
+
+static void progress(void *user, int32_t done, int32_t total)
+{
+    (void)user;
+    if (done == total || done % 16 == 0) fprintf(stderr, "\rcapturing graphs: %d/%d", done, total);
+    if (done == total) fputc('\n', stderr);
+}
+
+int gdn_bench_engine_main(int argc, char **argv)
+{
+    gdn_dtype state = GDN_DTYPE_BF16;
+    int32_t layers = 36, max_batch = 128, tokens[8] = {1, 2, 4}, n_tokens = 3;
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--state") && v) state = strcmp(argv[++i], "f32") == 0 ? GDN_DTYPE_F32 : GDN_DTYPE_BF16;
+        else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
+        else if (!strcmp(a, "--max-batch") && v) max_batch = atoi(argv[++i]);
+        else if (!strcmp(a, "--json") && v) json = argv[++i];
+        else if (!strcmp(a, "--tokens") && v) {
+            n_tokens = 0;
+            for (char *tok = strtok(argv[++i], ","); tok && n_tokens < 8; tok = strtok(NULL, ",")) tokens[n_tokens++] = atoi(tok);
+        } else {
+            fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--json FILE]\n");
+            return 2;
+        }
+    }
+    int32_t max_tokens = 1;
+    for (int i = 0; i < n_tokens; i++)
+        if (tokens[i] > max_tokens) max_tokens = tokens[i];
+
+    gdn_model_config model;
+    TRY_GDN(gdn_model_preset("qwen3-next", layers, &model));
+    gdn_engine_config c;
+    TRY_GDN(gdn_engine_config_init(&c, &model));
+    c.state_dtype = state;
+    c.num_slots = max_batch;
+    c.max_batch = max_batch;
+    c.max_tokens = max_tokens;
+    c.backend = GDN_BACKEND_CUDA;
+    c.graph_mode = GDN_GRAPHS_AT_CREATE;
+    c.graph_progress = progress;
+    gdn_engine *e = NULL;
+    const double t_create = now_us();
+    TRY_GDN(gdn_engine_create(&c, &e));
+    const double create_ms = (now_us() - t_create) / 1000.0;
+    const gdn_engine_config *rc = gdn_engine_get_config(e);
+    gdn_memory_report mem;
+    TRY_GDN(gdn_engine_memory(e, &mem));
+    printf("engine: qwen3-next x %d layers, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets; created in %.0f ms"
+           " (graphs included)\n", layers, state == GDN_DTYPE_F32 ? "f32" : "bf16", max_batch, max_batch, max_tokens,
+           rc->num_buckets, create_ms);
+    printf("device memory: pools %.2f GiB, verify cache %.2f GiB, io %.2f GiB, total %.2f GiB\n",
+           mem.state_pools / 1073741824.0, mem.verify_cache / 1073741824.0, mem.io_buffers / 1073741824.0,
+           mem.total / 1073741824.0);
+    int32_t *slots = malloc(sizeof(int32_t) * (size_t)max_batch);
+    for (int32_t i = 0; i < max_batch; i++) TRY_GDN(gdn_slot_alloc(e, &slots[i]));
+    for (int32_t i = 0; i < max_batch; i++) TRY_GDN(gdn_slot_reset(e, slots[i], NULL));
+    if (fill_inputs(e, rc)) return 1;
+    int32_t *accepted = malloc(sizeof(int32_t) * (size_t)max_batch);
+    for (int32_t i = 0; i < max_batch; i++) accepted[i] = 1 + i % 2;
+    TRY_GDN(gdn_engine_upload(e, gdn_engine_accepted(e), accepted, sizeof(int32_t) * (size_t)max_batch, NULL));
+    cudaStream_t s;
+    TRY_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+    const int32_t bucket_list[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+    engine_row rows[64];
+    int n_rows = 0;
+    printf("\n%7s %3s | %9s | %10s %10s %12s | %11s\n", "bucket", "T", "host us", "graph us", "direct us",
+           "kernel sum", "graph / sum");
+    for (size_t bi = 0; bi < sizeof bucket_list / sizeof bucket_list[0]; bi++) {
+        if (bucket_list[bi] > max_batch) break;
+        for (int ti = 0; ti < n_tokens && n_rows < 64; ti++) {
+            engine_row *r = &rows[n_rows];
+            r->bucket = bucket_list[bi], r->tokens = tokens[ti];
+            if (measure(e, slots, r->bucket, r->tokens, layers, s, r)) return 1;
+            printf("%7d %3d | %9.2f | %10.1f %10.1f %12.1f | %11.3f\n", r->bucket, r->tokens, r->host_us, r->graph_us,
+                   r->direct_us, r->kernel_sum_us, r->graph_us / r->kernel_sum_us);
+            n_rows++;
+        }
+    }
+    TRY_GDN(gdn_engine_check_device_error(e, s));
+    if (json) {
+        FILE *f = fopen(json, "w");
+        if (!f) {
+            perror(json);
+            return 1;
+        }
+        fprintf(f, "{\"mode\": \"engine\", \"preset\": \"qwen3-next\", \"layers\": %d, \"state\": \"%s\", \"rows\": [\n", layers,
+                state == GDN_DTYPE_F32 ? "f32" : "bf16");
+        for (int i = 0; i < n_rows; i++)
+            fprintf(f, "  {\"bucket\": %d, \"T\": %d, \"host_us\": %.3f, \"graph_us\": %.3f, \"direct_us\": %.3f, "
+                       "\"kernel_sum_us\": %.3f}%s\n", rows[i].bucket, rows[i].tokens, rows[i].host_us, rows[i].graph_us,
+                    rows[i].direct_us, rows[i].kernel_sum_us, i + 1 < n_rows ? "," : "");
+        fprintf(f, "]}\n");
+        fclose(f);
+    }
+    cudaStreamDestroy(s);
+    free(slots), free(accepted);
+    gdn_engine_destroy(e);
+    return 0;
+}
