@@ -10,7 +10,10 @@
 #include "kernels/ref/gdn_ref.h"
 
 typedef struct cpu_backend {
-    void *scratch; /* gdn__ref_scratch_bytes() */
+    void *scratch;      /* gdn__ref_scratch_bytes() */
+    int32_t *staged;    /* the staged rows of the next step */
+    int32_t staged_count;
+    int32_t staging_capacity;
 } cpu_backend;
 
 static gdn_status cpu_alloc(void *ctx, size_t bytes, void **out)
@@ -39,6 +42,25 @@ static gdn_status cpu_copy(void *ctx, void *dst, const void *src, size_t bytes, 
     memmove(dst, src, bytes);
     return GDN_OK;
 }
+
+static gdn_status cpu_stage_rows(void *ctx, const int32_t *rows, int32_t count)
+{
+    cpu_backend *cpu = ctx;
+    if (count < 0 || count > cpu->staging_capacity) return GDN_EINVAL;
+    memcpy(cpu->staged, rows, sizeof(int32_t) * (size_t)count);
+    cpu->staged_count = count;
+    return GDN_OK;
+}
+
+static gdn_status cpu_fetch_rows(void *ctx, int32_t *dst, void *stream)
+{
+    (void)stream;
+    cpu_backend *cpu = ctx;
+    memcpy(dst, cpu->staged, sizeof(int32_t) * (size_t)cpu->staged_count);
+    return GDN_OK;
+}
+
+static void cpu_consume_rows(void *ctx) { (void)ctx; }
 
 static gdn_status cpu_layer_step(void *ctx, const gdn__layer_params *params, void *stream)
 {
@@ -71,6 +93,7 @@ static void cpu_destroy(void *ctx)
     cpu_backend *cpu = ctx;
     if (!cpu) return;
     gdn__free(cpu->scratch);
+    gdn__free(cpu->staged);
     gdn__free(cpu);
 }
 
@@ -82,7 +105,9 @@ static const gdn__backend_iface cpu_iface = {
     .zero = cpu_zero,
     .upload = cpu_copy,
     .download = cpu_copy,
-    .upload_staged = cpu_copy,
+    .stage_rows = cpu_stage_rows,
+    .fetch_rows = cpu_fetch_rows,
+    .consume_rows = cpu_consume_rows,
     .layer_step = cpu_layer_step,
     .commit = cpu_commit,
     .synchronize = cpu_synchronize,
@@ -92,11 +117,12 @@ static const gdn__backend_iface cpu_iface = {
 
 gdn_status gdn__backend_cpu_create(size_t staging_bytes, gdn__backend *out)
 {
-    (void)staging_bytes; /* staged uploads are plain copies here */
     cpu_backend *cpu = gdn__calloc(1, sizeof *cpu);
     if (!cpu) return GDN_ENOMEM;
+    cpu->staging_capacity = (int32_t)(staging_bytes / sizeof(int32_t));
     cpu->scratch = gdn__malloc(gdn__ref_scratch_bytes());
-    if (!cpu->scratch) {
+    cpu->staged = gdn__calloc((size_t)cpu->staging_capacity + 1, sizeof(int32_t));
+    if (!cpu->scratch || !cpu->staged) {
         cpu_destroy(cpu);
         return GDN_ENOMEM;
     }

@@ -1,9 +1,12 @@
 /*
  * The CUDA backend: backend memory is device memory, work is enqueued on the caller's stream, and
- * the math is the kernels of kernels/gdn_cuda_*.cu. Staged uploads (the slot indices of each step) go
- * through a ring of pinned host buffers, each guarded by an event, so the caller's host array can be
- * reused at once and the host waits only if the GPU is a whole ring of steps behind.
+ * the math is the kernels of kernels/gdn_cuda_*.cu. Each step's rows go through a mailbox: a ring in
+ * mapped pinned host memory that the step's first kernel reads (kernels/gdn_cuda_fetch.cu), so a
+ * step costs the host one graph launch and no copy call; the host waits only if the GPU is a whole
+ * ring of steps behind.
  */
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -14,14 +17,16 @@
 #include "graphs/graph_cuda.h"
 #include "kernels/gdn_cuda.h"
 
-#define STAGING_RING 16
+#define ROW_RING_ENTRIES 64
 
 typedef struct cuda_backend {
     int device;
-    size_t staging_bytes;
-    unsigned char *staging;            /* pinned [STAGING_RING][staging_bytes] */
-    cudaEvent_t staging_done[STAGING_RING];
-    int staging_next;
+    /* Step-row mailbox (kernels/gdn_cuda_fetch.cu): a ring in mapped pinned host memory. */
+    int32_t *ring;              /* [ROW_RING_ENTRIES][entry_stride] */
+    int32_t entry_stride;       /* int32 values per entry: count, then the rows */
+    volatile long long *done;   /* mapped pinned: entries the device has consumed */
+    long long *device_seq;      /* device memory: the same count, for the fetch kernel */
+    long long host_seq;         /* entries handed to the device (staged and consumed) */
     cudaStream_t capture_stream; /* private: graphs are captured here, replayed on the caller's */
     char last_error[256];
 } cuda_backend;
@@ -72,20 +77,36 @@ static gdn_status cuda_copy(void *ctx, void *dst, const void *src, size_t bytes,
     return GDN_OK;
 }
 
-static gdn_status cuda_upload_staged(void *ctx, void *dst, const void *host_src, size_t bytes, void *stream)
+static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count)
 {
     cuda_backend *cu = ctx;
-    if (bytes > cu->staging_bytes) return GDN_EINVAL;
-    const int slot = cu->staging_next;
-    cu->staging_next = (slot + 1) % STAGING_RING;
-    /* Back-pressure only: the buffer is busy while the GPU has not reached its last copy. */
-    GDN__CUDA_TRY(cu, cudaEventSynchronize(cu->staging_done[slot]));
-    unsigned char *staged = cu->staging + (size_t)slot * cu->staging_bytes;
-    memcpy(staged, host_src, bytes);
-    GDN__CUDA_TRY(cu, cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream));
-    GDN__CUDA_TRY(cu, cudaEventRecord(cu->staging_done[slot], (cudaStream_t)stream));
+    if (count < 0 || count > cu->entry_stride - 1) return GDN_EINVAL;
+    /* Back-pressure only: the entry is free once the device consumed the step a ring ago. */
+    while (cu->host_seq - *cu->done >= ROW_RING_ENTRIES) sched_yield();
+    int32_t *entry = cu->ring + (size_t)(cu->host_seq % ROW_RING_ENTRIES) * (size_t)cu->entry_stride;
+    memcpy(entry + 1, rows, sizeof(int32_t) * (size_t)count);
+    entry[0] = count;
+    atomic_thread_fence(memory_order_release); /* the entry is complete before any launch that reads it */
     return GDN_OK;
 }
+
+static gdn_status cuda_fetch_rows(void *ctx, int32_t *dst, void *stream)
+{
+    cuda_backend *cu = ctx;
+    const gdn__fetch_params p = {
+        .ring = cu->ring,
+        .ring_entries = ROW_RING_ENTRIES,
+        .entry_stride = cu->entry_stride,
+        .device_seq = cu->device_seq,
+        .host_done = (long long *)cu->done,
+        .dst = dst,
+    };
+    gdn_status status = gdn__cuda_fetch_rows(&p, stream);
+    if (status == GDN_ECUDA) record_error(cu, cudaGetLastError(), "gdn__cuda_fetch_rows", __LINE__);
+    return status;
+}
+
+static void cuda_consume_rows(void *ctx) { ((cuda_backend *)ctx)->host_seq++; }
 
 static gdn_status cuda_layer_step(void *ctx, const gdn__layer_params *params, void *stream)
 {
@@ -144,9 +165,8 @@ static void cuda_destroy(void *ctx)
 {
     cuda_backend *cu = ctx;
     if (!cu) return;
-    for (int i = 0; i < STAGING_RING; i++)
-        if (cu->staging_done[i]) cudaEventDestroy(cu->staging_done[i]);
-    if (cu->staging) cudaFreeHost(cu->staging);
+    if (cu->ring) cudaFreeHost(cu->ring);
+    if (cu->device_seq) cudaFree(cu->device_seq);
     if (cu->capture_stream) cudaStreamDestroy(cu->capture_stream);
     gdn__free(cu);
 }
@@ -159,7 +179,9 @@ static const gdn__backend_iface cuda_iface = {
     .zero = cuda_zero,
     .upload = cuda_copy,
     .download = cuda_copy,
-    .upload_staged = cuda_upload_staged,
+    .stage_rows = cuda_stage_rows,
+    .fetch_rows = cuda_fetch_rows,
+    .consume_rows = cuda_consume_rows,
     .layer_step = cuda_layer_step,
     .commit = cuda_commit,
     .synchronize = cuda_synchronize,
@@ -182,11 +204,20 @@ gdn_status gdn__backend_cuda_create(int32_t device, size_t staging_bytes, gdn__b
     cuda_backend *cu = gdn__calloc(1, sizeof *cu);
     if (!cu) return GDN_ENOMEM;
     cu->device = device;
-    cu->staging_bytes = staging_bytes;
+    /* Entries of 16-byte multiples: the count, the rows, padding. */
+    cu->entry_stride = (int32_t)((staging_bytes / sizeof(int32_t) + 1 + 3) & ~(size_t)3);
     gdn_status status = GDN_OK;
-    cudaError_t err = cudaMallocHost((void **)&cu->staging, STAGING_RING * staging_bytes);
-    for (int i = 0; err == cudaSuccess && i < STAGING_RING; i++)
-        err = cudaEventCreateWithFlags(&cu->staging_done[i], cudaEventDisableTiming);
+    const size_t ring_bytes = (size_t)ROW_RING_ENTRIES * (size_t)cu->entry_stride * sizeof(int32_t);
+    void *block = NULL;
+    /* One mapped pinned block: the ring, then the consumed counter (device-visible under UVA). */
+    cudaError_t err = cudaHostAlloc(&block, ring_bytes + 64, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (err == cudaSuccess) {
+        memset(block, 0, ring_bytes + 64);
+        cu->ring = block;
+        cu->done = (volatile long long *)((char *)block + ring_bytes);
+        err = cudaMalloc((void **)&cu->device_seq, sizeof(long long));
+    }
+    if (err == cudaSuccess) err = cudaMemset(cu->device_seq, 0, sizeof(long long));
     if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&cu->capture_stream, cudaStreamNonBlocking);
     if (err != cudaSuccess) status = err == cudaErrorMemoryAllocation ? GDN_ENOMEM : GDN_ECUDA;
     if (status != GDN_OK) {

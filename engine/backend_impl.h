@@ -24,9 +24,15 @@ typedef struct gdn__backend_iface {
      * the stream reaches the copy). */
     gdn_status (*upload)(void *ctx, void *dst, const void *host_src, size_t bytes, void *stream);
     gdn_status (*download)(void *ctx, void *host_dst, const void *src, size_t bytes, void *stream);
-    /* Enqueues an upload from transient host memory (reusable as soon as the call returns) of at most
-     * the staging size given at creation, without a host sync in steady state. */
-    gdn_status (*upload_staged)(void *ctx, void *dst, const void *host_src, size_t bytes, void *stream);
+    /* A step's rows travel in three moves, so that a replayed graph needs no copy call of its own:
+     * stage_rows copies `count` values (at most the staging size given at creation) from transient
+     * host memory into the backend's staging, with no CUDA call (it waits only while the device is
+     * a whole staging ring behind); fetch_rows enqueues, or inside a capture records, the copy of
+     * the staged rows into `dst` (the step's first work); consume_rows tells the backend that work
+     * holding a fetch of the staged rows was launched, so the next stage_rows takes a new entry. */
+    gdn_status (*stage_rows)(void *ctx, const int32_t *rows, int32_t count);
+    gdn_status (*fetch_rows)(void *ctx, int32_t *dst, void *stream);
+    void (*consume_rows)(void *ctx);
     /* Enqueue the kernels (kernels/gdn_kernel_params.h gives the semantics). */
     gdn_status (*layer_step)(void *ctx, const gdn__layer_params *params, void *stream);
     gdn_status (*commit)(void *ctx, const gdn__commit_params *params, void *stream);

@@ -21,6 +21,7 @@ typedef struct step_state {
     int32_t batch;          /* rows the caller gave */
     int32_t bucket;         /* padded rows the kernels run */
     int32_t bucket_index;   /* position of bucket in the bucket list */
+    int rows_fetched;       /* the step's first work (the device copy of its rows) was launched */
     int32_t layers_done;    /* distinct layers run */
     int committed;
 } step_state;
@@ -437,11 +438,11 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
         staged_read[i] = live ? step->slots[i] : -1;
         staged_write[i] = live ? (step->write_slots ? step->write_slots[i] : step->slots[i]) : -1;
     }
+    (void)stream; /* the rows reach the device with the step's first work (fetch_rows) */
     if (step->batch > 0) {
-        status = e->backend.iface->upload_staged(e->backend.ctx, read_slots_buffer(e), staged_read,
-                                                 2 * (size_t)bucket * sizeof(int32_t), stream);
+        status = e->backend.iface->stage_rows(e->backend.ctx, staged_read, 2 * bucket);
         if (status != GDN_OK) {
-            e->step.active = 0; /* the device rows may be half-written: no step can run on them */
+            e->step.active = 0; /* the staging may be half-written: no step can run on it */
             return status;
         }
     }
@@ -518,6 +519,17 @@ static void fill_commit_params(const gdn_engine *e, int32_t tokens, int32_t buck
     };
 }
 
+/* Direct launches: the step's rows reach the device before its first kernel. */
+static gdn_status ensure_rows(gdn_engine *e, void *stream)
+{
+    if (e->step.rows_fetched) return GDN_OK;
+    gdn_status status = e->backend.iface->fetch_rows(e->backend.ctx, read_slots_buffer(e), stream);
+    if (status != GDN_OK) return status;
+    e->backend.iface->consume_rows(e->backend.ctx);
+    e->step.rows_fetched = 1;
+    return GDN_OK;
+}
+
 /* run_layer inside a capture: records the layer's launch for the shape being captured. */
 static gdn_status capture_layer(gdn_engine *e, int32_t layer, void *stream)
 {
@@ -539,9 +551,11 @@ gdn_status gdn_engine_run_layer(gdn_engine *e, int32_t layer, void *stream)
     if (e->capturing) return capture_layer(e, layer, stream);
     if (!e->step.active || e->step.committed || e->layer_ran[layer]) return GDN_EMISUSE;
     if (e->step.batch > 0) { /* an empty step touches nothing */
+        gdn_status status = ensure_rows(e, stream);
+        if (status != GDN_OK) return status;
         gdn__layer_params params;
         fill_layer_params(e, layer, e->step.kind, e->step.tokens, e->step.bucket, &params);
-        gdn_status status = e->backend.iface->layer_step(e->backend.ctx, &params, stream);
+        status = e->backend.iface->layer_step(e->backend.ctx, &params, stream);
         if (status != GDN_OK) return status;
     }
     e->layer_ran[layer] = 1;
@@ -576,7 +590,9 @@ static gdn_status capture_graph(gdn_engine *e, const gdn__graph_key *key, int32_
     memset(e->capture_ran, 0, (size_t)e->config.model.num_layers);
     e->capture_layers = 0;
     e->capture_committed = 0;
-    status = step_work(e, (gdn_step_kind)key->kind, key->tokens, key->bucket, capture_stream);
+    /* The graph starts with the copy of the step's rows from the host mailbox. */
+    status = b->fetch_rows(e->backend.ctx, read_slots_buffer(e), capture_stream);
+    if (status == GDN_OK) status = step_work(e, (gdn_step_kind)key->kind, key->tokens, key->bucket, capture_stream);
     if (status == GDN_OK && e->capture_layers != e->config.model.num_layers) status = GDN_EMISUSE;
     e->capturing = 0;
     void *graph = NULL;
@@ -620,7 +636,8 @@ gdn_status gdn_engine_run_step(gdn_engine *e, void *stream)
         return GDN_OK;
     }
     if (!e->use_graphs) {
-        gdn_status status = step_work(e, st->kind, st->tokens, st->bucket, stream);
+        gdn_status status = ensure_rows(e, stream);
+        if (status == GDN_OK) status = step_work(e, st->kind, st->tokens, st->bucket, stream);
         if (status == GDN_OK && st->layers_done != L) status = GDN_EMISUSE; /* callback skipped a layer */
         return status;
     }
@@ -633,6 +650,8 @@ gdn_status gdn_engine_run_step(gdn_engine *e, void *stream)
     }
     gdn_status status = e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream);
     if (status != GDN_OK) return status;
+    e->backend.iface->consume_rows(e->backend.ctx); /* the graph's first node fetched them */
+    st->rows_fetched = 1;
     memset(e->layer_ran, 1, (size_t)L);
     st->layers_done = L;
     if (entry->includes_commit) st->committed = 1;

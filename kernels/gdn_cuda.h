@@ -22,6 +22,19 @@ gdn_status gdn__cuda_layer_step(const gdn__layer_params *p, void *stream);
 /* Commit of a verify step for all layers in one launch. */
 gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream);
 
+/* The step-row mailbox (kernels/gdn_cuda_fetch.cu): copies ring entry (*device_seq % ring_entries)
+ * into dst, then advances *device_seq and publishes it to *host_done. */
+typedef struct gdn__fetch_params {
+    const int32_t *ring;    /* mapped pinned host memory [ring_entries][entry_stride] */
+    int32_t ring_entries;
+    int32_t entry_stride;   /* int32 values per entry, header included */
+    long long *device_seq;  /* device memory: entries consumed so far */
+    long long *host_done;   /* mapped pinned host memory: the same count, for the host */
+    int32_t *dst;           /* device memory, >= entry_stride - 1 values */
+} gdn__fetch_params;
+
+gdn_status gdn__cuda_fetch_rows(const gdn__fetch_params *p, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

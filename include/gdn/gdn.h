@@ -341,7 +341,11 @@ typedef struct gdn_step {
 
 /*
  * Starts a step: checks the rows, picks the smallest bucket >= batch (rows past `batch` are padding),
- * and enqueues the upload of the slot indices on `stream`. Errors, each leaving the engine unchanged:
+ * and stages the slot indices on the host (no CUDA call: the step's first work, on the stream given to
+ * run_step or run_layer, copies them to the device). `stream` is unused and kept for symmetry. An
+ * engine's steps must reach the GPU in the order they were begun: drive one engine from one stream
+ * (or streams ordered by events). If the GPU falls a whole staging ring (64 steps) behind, this call
+ * waits for it. Errors, each leaving the engine unchanged:
  * GDN_ESTEP_KIND, GDN_ESTEP_BATCH, GDN_ESTEP_TOKENS, GDN_ESLOT_RANGE (>= num_slots), GDN_ESLOT_FREE
  * (not allocated), GDN_ESLOT_DUP (a slot read by two rows, written by two rows, or written by a row
  * that does not read it while another row reads it). A verify step that was run but not committed
