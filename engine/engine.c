@@ -590,10 +590,15 @@ static gdn_status capture_graph(gdn_engine *e, const gdn__graph_key *key, int32_
     memset(e->capture_ran, 0, (size_t)e->config.model.num_layers);
     e->capture_layers = 0;
     e->capture_committed = 0;
-    /* The graph starts with the copy of the step's rows from the host mailbox. */
-    status = b->fetch_rows(e->backend.ctx, read_slots_buffer(e), capture_stream);
-    if (status == GDN_OK) status = step_work(e, (gdn_step_kind)key->kind, key->tokens, key->bucket, capture_stream);
-    if (status == GDN_OK && e->capture_layers != e->config.model.num_layers) status = GDN_EMISUSE;
+    if (key->kind == GDN__GRAPH_COMMIT) { /* a verify step's commit, alone */
+        gdn__commit_params p;
+        fill_commit_params(e, key->tokens, key->bucket, &p);
+        status = b->commit(e->backend.ctx, &p, capture_stream);
+    } else { /* a step: the copy of its rows from the host mailbox, then its work */
+        status = b->fetch_rows(e->backend.ctx, read_slots_buffer(e), capture_stream);
+        if (status == GDN_OK) status = step_work(e, (gdn_step_kind)key->kind, key->tokens, key->bucket, capture_stream);
+        if (status == GDN_OK && e->capture_layers != e->config.model.num_layers) status = GDN_EMISUSE;
+    }
     e->capturing = 0;
     void *graph = NULL;
     gdn_status end_status = b->capture_end(e->backend.ctx, status == GDN_OK, &graph);
@@ -610,12 +615,13 @@ static gdn_status capture_graph(gdn_engine *e, const gdn__graph_key *key, int32_
 static gdn_status capture_all_graphs(gdn_engine *e)
 {
     const gdn_engine_config *c = &e->config;
-    const int32_t total = c->num_buckets * (1 + c->max_tokens);
+    const int32_t total = c->num_buckets * (1 + 2 * c->max_tokens);
     int32_t done = 0;
     for (int32_t bi = 0; bi < c->num_buckets; bi++) {
-        for (int32_t column = 0; column <= c->max_tokens; column++) {
-            const gdn_step_kind kind = column == 0 ? GDN_STEP_DECODE : GDN_STEP_VERIFY;
-            const gdn__graph_key key = gdn__graph_key_make(kind, column == 0 ? 1 : column, c->buckets[bi]);
+        for (int32_t column = 0; column <= 2 * c->max_tokens; column++) {
+            const int32_t kind = column == 0 ? GDN_STEP_DECODE : (column <= c->max_tokens ? GDN_STEP_VERIFY : GDN__GRAPH_COMMIT);
+            const int32_t tokens = column == 0 ? 1 : (column <= c->max_tokens ? column : column - c->max_tokens);
+            const gdn__graph_key key = gdn__graph_key_make(kind, tokens, c->buckets[bi]);
             gdn_status status = capture_graph(e, &key, bi);
             if (status != GDN_OK) return status;
             if (c->graph_progress) c->graph_progress(c->graph_progress_user, ++done, total);
@@ -674,7 +680,17 @@ gdn_status gdn_engine_commit(gdn_engine *e, void *stream)
     const int all_layers_ran = e->step.layers_done == c->model.num_layers;
     if (!e->step.active || e->step.kind != GDN_STEP_VERIFY || e->step.committed || !all_layers_ran)
         return GDN_EMISUSE;
-    if (e->step.batch > 0) {
+    if (e->step.batch > 0 && e->use_graphs) { /* a one-node graph: cheaper to launch than the kernel */
+        const gdn__graph_key key = gdn__graph_key_make(GDN__GRAPH_COMMIT, e->step.tokens, e->step.bucket);
+        gdn__graph_entry *entry = gdn__graph_cache_find(&e->graphs, &key, e->step.bucket_index);
+        if (!entry) {
+            gdn_status status = capture_graph(e, &key, e->step.bucket_index);
+            if (status != GDN_OK) return status;
+            entry = gdn__graph_cache_find(&e->graphs, &key, e->step.bucket_index);
+        }
+        gdn_status status = e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream);
+        if (status != GDN_OK) return status;
+    } else if (e->step.batch > 0) {
         fill_commit_params(e, e->step.tokens, e->step.bucket, &p);
         gdn_status status = e->backend.iface->commit(e->backend.ctx, &p, stream);
         if (status != GDN_OK) return status;

@@ -9,8 +9,11 @@
 
 #include "gdn/gdn.h"
 
+/* What a graph holds: a step's work (gdn_step_kind values), or the commit of a verify step. */
+#define GDN__GRAPH_COMMIT 2
+
 typedef struct gdn__graph_key {
-    int32_t kind;   /* gdn_step_kind */
+    int32_t kind;   /* GDN_STEP_DECODE, GDN_STEP_VERIFY or GDN__GRAPH_COMMIT */
     int32_t tokens; /* T */
     int32_t bucket; /* padded rows */
 } gdn__graph_key;
@@ -22,14 +25,15 @@ typedef struct gdn__graph_entry {
 } gdn__graph_entry;
 
 typedef struct gdn__graph_cache {
-    gdn__graph_entry *entries; /* [num_buckets][1 + max_tokens]: decode at 0, verify T at T */
+    gdn__graph_entry *entries; /* [num_buckets][1 + 2 * max_tokens]: decode at 0, verify T at T,
+                                * commit of a verify of T at max_tokens + T */
     int32_t num_buckets;
     int32_t max_tokens;
     int32_t captured;
 } gdn__graph_cache;
 
 /* A zeroed key of these fields. */
-gdn__graph_key gdn__graph_key_make(gdn_step_kind kind, int32_t tokens, int32_t bucket);
+gdn__graph_key gdn__graph_key_make(int32_t kind, int32_t tokens, int32_t bucket);
 
 gdn_status gdn__graph_cache_init(gdn__graph_cache *cache, int32_t num_buckets, int32_t max_tokens);
 /* Frees the table; the caller destroys the backend graphs first (gdn__graph_cache_entry_at). */

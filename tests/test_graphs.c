@@ -35,7 +35,13 @@ Test(graphs, a_change_in_any_key_field_misses)
     cr_assert_null(gdn__graph_cache_slot(&cache, &too_long, 0), "T past max_tokens");
     const gdn__graph_key decode = gdn__graph_key_make(GDN_STEP_DECODE, 1, 8);
     cr_assert_neq(gdn__graph_cache_slot(&cache, &decode, 1), slot, "decode and verify T=3 have their own entries");
-    cr_assert_eq(gdn__graph_cache_size(&cache), 3 * 5);
+    const gdn__graph_key commit = gdn__graph_key_make(GDN__GRAPH_COMMIT, 3, 8);
+    cr_assert_not_null(gdn__graph_cache_slot(&cache, &commit, 1));
+    cr_assert_neq(gdn__graph_cache_slot(&cache, &commit, 1), slot, "commit of T=3 has its own entry");
+    cr_assert_null(gdn__graph_cache_find(&cache, &commit, 1), "and it misses the verify graph");
+    const gdn__graph_key decode_t2 = gdn__graph_key_make(GDN_STEP_DECODE, 2, 8);
+    cr_assert_null(gdn__graph_cache_slot(&cache, &decode_t2, 1), "decode has T = 1 only");
+    cr_assert_eq(gdn__graph_cache_size(&cache), 3 * 9);
     gdn__graph_cache_release(&cache);
 }
 
