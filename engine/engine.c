@@ -38,10 +38,14 @@ struct gdn_engine {
     void *cache;                /* [L, max_batch, max_tokens, HV, V, K] state_dtype, or NULL */
     int64_t cache_row_stride;
     int64_t cache_layer_stride;
+    void *token_store;          /* replay: [L, num_slots, 2, max_tokens, token elements] input_dtype */
+    int64_t store_layer_stride; /* elements */
+    int32_t *replay_meta;       /* replay: pending [L, num_slots], then bank [L, num_slots] */
     void *io_block;             /* every layer's q, k, v, a, b, o */
     float *params;              /* [L][2][HV]: A_log then dt_bias */
     int32_t *indices;           /* rows [2 * max_batch] (the step's bucket read slots, then its
-                                 * bucket write slots), accepted [max_batch], error flag [1] */
+                                 * bucket write slots), accepted [max_batch], error flag [1], flush
+                                 * row [1] */
 
     gdn_layer_io *io;     /* host [L] */
     uint8_t *layer_ran;   /* host [L] */
@@ -69,6 +73,16 @@ static int32_t *read_slots_buffer(const gdn_engine *e) { return e->indices; }
 static int32_t *write_slots_buffer(const gdn_engine *e, int32_t bucket) { return e->indices + bucket; }
 static int32_t *accepted_buffer(const gdn_engine *e) { return e->indices + 2 * e->config.max_batch; }
 static int32_t *error_flag_buffer(const gdn_engine *e) { return e->indices + 3 * e->config.max_batch; }
+static int32_t *flush_row_buffer(const gdn_engine *e) { return e->indices + 3 * e->config.max_batch + 1; }
+static int replay(const gdn_engine *e) { return e->config.verify_strategy == GDN_VERIFY_REPLAY; }
+static int32_t *pending_buffer(const gdn_engine *e, int32_t layer)
+{
+    return e->replay_meta + (size_t)layer * (size_t)e->config.num_slots;
+}
+static int32_t *bank_buffer(const gdn_engine *e, int32_t layer)
+{
+    return e->replay_meta + ((size_t)e->config.model.num_layers + (size_t)layer) * (size_t)e->config.num_slots;
+}
 
 static size_t align_up(size_t bytes) { return (bytes + 255u) & ~(size_t)255u; }
 
@@ -166,11 +180,21 @@ static gdn_status allocate_everything(gdn_engine *e)
         status = backend_alloc(e, (size_t)(e->cache_layer_stride * L) * state_size, &e->cache,
                                &e->memory.verify_cache);
         if (status != GDN_OK) return status;
+    } else { /* replay: two banks of max_tokens token inputs a slot, and the pending counts */
+        const gdn_model_config *m = &c->model;
+        e->store_layer_stride = (int64_t)c->num_slots * 2 * c->max_tokens *
+                                gdn__token_elems(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v);
+        status = backend_alloc(e, (size_t)(e->store_layer_stride * L) * gdn_dtype_size(c->input_dtype),
+                               &e->token_store, &e->memory.token_store);
+        if (status == GDN_OK)
+            status = backend_alloc(e, 2 * (size_t)L * (size_t)c->num_slots * sizeof(int32_t), (void **)&e->replay_meta,
+                                   &e->memory.token_store);
+        if (status != GDN_OK) return status;
     }
     if ((status = allocate_io(e)) != GDN_OK) return status;
     status = backend_alloc(e, (size_t)L * 2 * (size_t)HV * sizeof(float), (void **)&e->params, &e->memory.parameters);
     if (status != GDN_OK) return status;
-    return backend_alloc(e, (3 * (size_t)c->max_batch + 1) * sizeof(int32_t), (void **)&e->indices, &e->memory.indices);
+    return backend_alloc(e, (3 * (size_t)c->max_batch + 2) * sizeof(int32_t), (void **)&e->indices, &e->memory.indices);
 }
 
 static void release_everything(gdn_engine *e)
@@ -184,6 +208,8 @@ static void release_everything(gdn_engine *e)
         }
         b->free(e->backend.ctx, e->state);
         b->free(e->backend.ctx, e->cache);
+        b->free(e->backend.ctx, e->token_store);
+        b->free(e->backend.ctx, e->replay_meta);
         b->free(e->backend.ctx, e->io_block);
         b->free(e->backend.ctx, e->params);
         b->free(e->backend.ctx, e->indices);
@@ -209,12 +235,14 @@ gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
     gdn_engine_config resolved;
     gdn_status status = gdn__config_resolve(config, &resolved);
     if (status != GDN_OK) return status;
-    if (resolved.verify_strategy == GDN_VERIFY_REPLAY) return GDN_ENOTSUP;
 
     gdn_engine *e = gdn__calloc(1, sizeof *e);
     if (!e) return GDN_ENOMEM;
     e->config = resolved;
     status = create_backend(&resolved, 2 * (size_t)resolved.max_batch * sizeof(int32_t), &e->backend);
+    /* The replay strategy's kernels exist on the CPU backend only so far. */
+    if (status == GDN_OK && resolved.verify_strategy == GDN_VERIFY_REPLAY && e->backend.iface->kind != GDN_BACKEND_CPU)
+        status = GDN_ENOTSUP;
     if (status == GDN_OK) status = allocate_everything(e);
     if (status == GDN_OK) status = e->backend.iface->synchronize(e->backend.ctx, NULL); /* zero fills done */
     if (status == GDN_OK && e->use_graphs && resolved.graph_mode == GDN_GRAPHS_AT_CREATE) status = capture_all_graphs(e);
@@ -309,6 +337,34 @@ static void *slot_state(const gdn_engine *e, int32_t layer, int32_t slot)
     return (char *)e->state + (size_t)offset * gdn_dtype_size(e->config.state_dtype);
 }
 
+/* Replay: the slot's state is now exactly what the pool holds (nothing pending). */
+static gdn_status clear_pending(gdn_engine *e, int32_t slot, void *stream)
+{
+    gdn_status status = GDN_OK;
+    for (int32_t l = 0; replay(e) && l < e->config.model.num_layers && status == GDN_OK; l++)
+        status = e->backend.iface->zero(e->backend.ctx, pending_buffer(e, l) + slot, sizeof(int32_t), stream);
+    return status;
+}
+
+static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens,
+                              int32_t bucket, gdn__layer_params *p);
+
+/* Replay: folds the slot's pending tokens into its state in every layer (a zero-token step of the one
+ * slot), synchronously. */
+static gdn_status flush_slot(gdn_engine *e, int32_t slot)
+{
+    if (!replay(e)) return GDN_OK;
+    const gdn__backend_iface *b = e->backend.iface;
+    gdn_status status = b->upload(e->backend.ctx, flush_row_buffer(e), &slot, sizeof slot, NULL);
+    for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++) {
+        gdn__layer_params p;
+        fill_layer_params(e, l, GDN_STEP_DECODE, 0, 1, &p);
+        p.read_slots = p.write_slots = flush_row_buffer(e);
+        status = b->layer_step(e->backend.ctx, &p, NULL);
+    }
+    return status == GDN_OK ? b->synchronize(e->backend.ctx, NULL) : status;
+}
+
 gdn_status gdn_slot_reset(gdn_engine *e, int32_t slot, void *stream)
 {
     if (!e) return GDN_EINVAL;
@@ -316,7 +372,7 @@ gdn_status gdn_slot_reset(gdn_engine *e, int32_t slot, void *stream)
     if (status != GDN_OK) return status;
     for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++)
         status = e->backend.iface->zero(e->backend.ctx, slot_state(e, l, slot), slot_state_bytes(e), stream);
-    return status;
+    return status == GDN_OK ? clear_pending(e, slot, stream) : status;
 }
 
 int gdn_slot_is_allocated(const gdn_engine *e, int32_t slot)
@@ -339,6 +395,7 @@ gdn_status gdn_slot_read_state(gdn_engine *e, int32_t layer, int32_t slot, void 
 {
     if (!e || !host_dst) return GDN_EINVAL;
     gdn_status status = check_slot_layer(e, layer, slot);
+    if (status == GDN_OK) status = flush_slot(e, slot); /* replay: the pool lags by the pending tokens */
     if (status != GDN_OK) return status;
     status = e->backend.iface->download(e->backend.ctx, host_dst, slot_state(e, layer, slot), slot_state_bytes(e), NULL);
     return status == GDN_OK ? e->backend.iface->synchronize(e->backend.ctx, NULL) : status;
@@ -349,7 +406,9 @@ gdn_status gdn_slot_write_state(gdn_engine *e, int32_t layer, int32_t slot, cons
     if (!e || !host_src) return GDN_EINVAL;
     gdn_status status = check_slot_layer(e, layer, slot);
     if (status != GDN_OK) return status;
-    status = e->backend.iface->upload(e->backend.ctx, slot_state(e, layer, slot), host_src, slot_state_bytes(e), NULL);
+    if (status == GDN_OK) status = flush_slot(e, slot); /* the other layers keep their folded states */
+    if (status == GDN_OK)
+        status = e->backend.iface->upload(e->backend.ctx, slot_state(e, layer, slot), host_src, slot_state_bytes(e), NULL);
     return status == GDN_OK ? e->backend.iface->synchronize(e->backend.ctx, NULL) : status;
 }
 
@@ -487,7 +546,13 @@ static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind 
     p->write_slots = write_slots_buffer(e, bucket);
     p->output_dtype = c->output_dtype;
     p->out = io->o;
-    if (kind == GDN_STEP_VERIFY) {
+    if (replay(e)) {
+        p->token_store = (char *)e->token_store + (size_t)(layer * e->store_layer_stride) * gdn_dtype_size(c->input_dtype);
+        p->store_tokens = c->max_tokens;
+        p->pending = pending_buffer(e, layer);
+        p->bank = bank_buffer(e, layer);
+        p->replay_verify = kind == GDN_STEP_VERIFY;
+    } else if (kind == GDN_STEP_VERIFY) {
         p->cache = (char *)e->cache + (size_t)(layer * e->cache_layer_stride) * state_size;
         p->cache_row_stride = e->cache_row_stride;
     }
@@ -516,6 +581,7 @@ static void fill_commit_params(const gdn_engine *e, int32_t tokens, int32_t buck
         .write_slots = write_slots_buffer(e, bucket),
         .accepted = accepted_buffer(e),
         .error_flag = error_flag_buffer(e),
+        .pending = replay(e) ? pending_buffer(e, 0) : NULL,
     };
 }
 

@@ -11,11 +11,22 @@
  *   cache == NULL (decode / plain update): state[w, h] = S after T tokens.
  *   cache != NULL (verify): cache[i, t, h] = S after token t for every t; the pool is not written.
  *
+ * Replay strategy (SPEC 3.2; token_store != NULL, cache == NULL): each slot keeps the inputs of its
+ * last verify's tokens in one of two banks, and pending[slot] of them are accepted but not yet in
+ * its state. For a live row: S = state[r, h]; fold tokens 0..pending[r]-1 of bank bank[r] of slot r
+ * into S (the update without outputs); then
+ *   replay_verify == 0 (decode, or a flush when T == 0): run the T tokens, state[w, h] = S;
+ *   replay_verify == 1 (verify): state[w, h] = S (the folded state), run the T tokens from it for the
+ *   outputs, and store their inputs in bank 1 - bank[r] of slot w;
+ * and once every head of the row is done: pending[w] = 0, and for verify bank[w] = 1 - bank[r]. A
+ * token's stored inputs (input_dtype) are k [HK, K], v [HV, V], a [HV], b [HV] in that order.
+ *
  * Commit (one launch for all layers): row i is skipped when r = read_slots[i] < 0 (padding). With
  * w = write_slots[i] (or r when write_slots is NULL) and n = clamp(accepted[i], 0, T):
  *   r >= num_slots or w >= num_slots: skipped, *error_flag = 1 (the verify treated the row as padding).
  *   n == 0: nothing changes.  n > 0: for every layer l, state_l[w] = cache_l[i, n - 1] (a plain copy
- *   in state_dtype, so bit-exact with the cache).
+ *   in state_dtype, so bit-exact with the cache). Replay strategy (pending != NULL): pending_l[w] = n
+ *   for every layer instead (n == 0 included).
  */
 #ifndef GDN_KERNEL_PARAMS_H
 #define GDN_KERNEL_PARAMS_H
@@ -64,7 +75,20 @@ typedef struct gdn__layer_params {
     int64_t cache_row_stride;
 
     int32_t *error_flag; /* sticky, may be NULL */
+
+    /* Replay strategy; token_store == NULL selects the cache strategy (or a plain update). */
+    void *token_store;         /* [num_slots][2][store_tokens][token elements] in input_dtype */
+    int32_t store_tokens;      /* tokens per bank */
+    int32_t *pending;          /* [num_slots] */
+    int32_t *bank;             /* [num_slots] */
+    int32_t replay_verify;
 } gdn__layer_params;
+
+/* Elements of one stored token (k, v, a, b) and of one slot's store (both banks). */
+static inline int64_t gdn__token_elems(int32_t HK, int32_t HV, int32_t K, int32_t V)
+{
+    return (int64_t)HK * K + (int64_t)HV * V + 2 * (int64_t)HV;
+}
 
 typedef struct gdn__commit_params {
     int32_t B;          /* rows of the verify step */
@@ -83,6 +107,9 @@ typedef struct gdn__commit_params {
     const int32_t *write_slots; /* [B] or NULL */
     const int32_t *accepted;    /* [B] */
     int32_t *error_flag;
+    /* Replay strategy: instead of copying from the cache, pending_l[w] = n for every layer (layer l's
+     * counts at pending + l * num_slots); cache is NULL then. */
+    int32_t *pending;
 } gdn__commit_params;
 
 #ifdef __cplusplus

@@ -11,9 +11,48 @@
 typedef struct request {
     int live;
     int32_t slot;
-    int32_t remaining; /* tokens still wanted */
-    double *state;     /* [L][HV*V*K]: the reference, rounded where the engine stores */
+    int32_t remaining;        /* tokens still wanted */
+    double *state;            /* [L][HV*V*K]: the reference, rounded where the engine stores */
+    double *exact;            /* [L][HV*V*K]: the same tokens in float64, never rounded */
+    int32_t npending;         /* replay: accepted tokens not yet folded into `state` */
+    test_inputs *pending_in;  /* replay: [L] one-row inputs of those tokens */
 } request;
+
+/* Copies the first `count` tokens of `row` of src into a one-row dst. */
+static void copy_row_tokens(const gdn_engine_config *c, const test_inputs *src, int32_t row, int32_t count,
+                            test_inputs *dst)
+{
+    const size_t qk = (size_t)c->model.num_k_heads * (size_t)c->model.head_dim_k;
+    const size_t vv = (size_t)c->model.num_v_heads * (size_t)c->model.head_dim_v, g = (size_t)c->model.num_v_heads;
+    const size_t n = (size_t)(count > 0 ? count : 1), first = (size_t)row * (size_t)src->T;
+    dst->B = 1, dst->T = count;
+    dst->q = malloc(sizeof(double) * n * qk), dst->k = malloc(sizeof(double) * n * qk);
+    dst->v = malloc(sizeof(double) * n * vv);
+    dst->a = malloc(sizeof(double) * n * g), dst->b = malloc(sizeof(double) * n * g);
+    memcpy(dst->q, src->q + first * qk, sizeof(double) * (size_t)count * qk);
+    memcpy(dst->k, src->k + first * qk, sizeof(double) * (size_t)count * qk);
+    memcpy(dst->v, src->v + first * vv, sizeof(double) * (size_t)count * vv);
+    memcpy(dst->a, src->a + first * g, sizeof(double) * (size_t)count * g);
+    memcpy(dst->b, src->b + first * g, sizeof(double) * (size_t)count * g);
+}
+
+static void clear_pending(request *r, int32_t layers)
+{
+    if (r->pending_in)
+        for (int32_t l = 0; l < layers; l++) test_inputs_free(&r->pending_in[l]);
+    free(r->pending_in);
+    r->pending_in = NULL;
+    r->npending = 0;
+}
+
+/* Folds the request's pending tokens of `layer` into S (float64, no rounding). */
+static void fold_pending(const gdn_engine_config *c, const request *r, int32_t layer, const float *params, double *S)
+{
+    if (r->npending == 0) return;
+    const int32_t HV = c->model.num_v_heads;
+    test_reference_row(c, &r->pending_in[layer], 0, r->npending, params + (size_t)layer * 2 * HV,
+                       params + (size_t)layer * 2 * HV + HV, S, NULL);
+}
 
 static double out_abs_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 1e-3 : 1e-2; }
 static double out_rel_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 5e-3 : 1e-2; }
@@ -26,6 +65,7 @@ static void admit(gdn_engine *e, request *r, test_rng *rng, int32_t layers, size
     r->live = 1;
     r->remaining = 1 + test_rng_below(rng, 24);
     r->state = calloc(elems * (size_t)layers, sizeof(double));
+    r->exact = calloc(elems * (size_t)layers, sizeof(double));
     if (test_rng_uniform(rng) < 0.25) {
         cr_assert_eq(gdn_slot_reset(e, r->slot, NULL), GDN_OK);
         return;
@@ -34,6 +74,7 @@ static void admit(gdn_engine *e, request *r, test_rng *rng, int32_t layers, size
     for (int32_t l = 0; l < layers; l++) {
         double *s = test_read_state(e, l, r->slot);
         memcpy(r->state + elems * (size_t)l, s, elems * sizeof(double));
+        memcpy(r->exact + elems * (size_t)l, s, elems * sizeof(double));
         free(s);
     }
 }
@@ -46,6 +87,9 @@ scenario_result run_scenario(const scenario_options *o)
     gdn_engine_config config = test_config(o->preset, o->layers, o->state_dtype, o->num_slots, o->max_batch, o->max_tokens);
     config.backend = o->backend;
     config.graph_mode = o->graph_mode;
+    config.verify_strategy = o->strategy;
+    const int replay = o->strategy == GDN_VERIFY_REPLAY;
+    const int32_t check_every = o->check_every > 0 ? o->check_every : 1;
     float *params = NULL;
     gdn_engine *e = test_engine_create(&config, &rng, &params);
     config = *gdn_engine_get_config(e);
@@ -138,7 +182,10 @@ scenario_result run_scenario(const scenario_options *o)
                 }
                 request *r = &reqs[row_req[i]];
                 const int32_t keep = verify ? accepted[i] : 1;
+                const float *A_log = params + (size_t)l * 2 * HV, *dt_bias = A_log + HV;
                 double *S = r->state + elems * (size_t)l;
+                fold_pending(&config, r, l, params, S); /* replay: the kernel folds before its own tokens */
+                test_reference_row(&config, &in[l], i, keep, A_log, dt_bias, r->exact + elems * (size_t)l, NULL);
                 memcpy(scratch, S, elems * sizeof(double));
                 test_reference_row(&config, &in[l], i, T, params + (size_t)l * 2 * HV, params + (size_t)l * 2 * HV + HV,
                                    scratch, expected_out);
@@ -147,9 +194,10 @@ scenario_result run_scenario(const scenario_options *o)
                                                       out_abs_tol(o->state_dtype), out_rel_tol(o->state_dtype));
                 cr_assert_leq(ratio, 1.0, "step %d layer %d row %d: outputs at %.0f%% of tolerance", step, l, i, 100 * ratio);
                 if (ratio > result.worst_output) result.worst_output = ratio;
-                if (keep > 0) { /* the state after `keep` tokens, rounded once where the engine stores it */
-                    test_reference_row(&config, &in[l], i, keep, params + (size_t)l * 2 * HV,
-                                       params + (size_t)l * 2 * HV + HV, S, NULL);
+                if (replay && verify) { /* the pool gets the folded state; the accepted tokens stay pending */
+                    test_round_to(S, elems, o->state_dtype);
+                } else if (keep > 0) { /* the state after `keep` tokens, rounded once where the engine stores it */
+                    test_reference_row(&config, &in[l], i, keep, A_log, dt_bias, S, NULL);
                     test_round_to(S, elems, o->state_dtype);
                 }
             }
@@ -159,6 +207,14 @@ scenario_result run_scenario(const scenario_options *o)
             if (rows[i] < 0) continue;
             request *r = &reqs[row_req[i]];
             const int32_t keep = verify ? accepted[i] : 1;
+            if (replay) { /* folded by this step; a verify leaves its accepted tokens pending */
+                clear_pending(r, L);
+                if (verify && keep > 0) {
+                    r->pending_in = calloc((size_t)L, sizeof *r->pending_in);
+                    for (int32_t l = 0; l < L; l++) copy_row_tokens(&config, &in[l], i, keep, &r->pending_in[l]);
+                    r->npending = keep;
+                }
+            }
             if (forked_from[i] >= 0) { /* the request moves to its new slot; the old one retires */
                 if (keep == 0) { /* nothing was committed into the new slot: carry the state over */
                     for (int32_t l = 0; l < L; l++) {
@@ -174,9 +230,18 @@ scenario_result run_scenario(const scenario_options *o)
             r->remaining -= keep;
         }
 
-        /* Every live request's state, every layer, against the reference. */
-        for (int32_t q = 0; q < max_requests; q++) {
+        /* Every live request's state, every layer, against the reference (replay: reading a state
+         * folds its pending tokens first, so the model does too). */
+        const int check_now = step % check_every == check_every - 1 || step == o->steps - 1;
+        for (int32_t q = 0; q < max_requests && check_now; q++) {
             if (!reqs[q].live) continue;
+            if (replay && reqs[q].npending > 0) {
+                for (int32_t l = 0; l < L; l++) {
+                    fold_pending(&config, &reqs[q], l, params, reqs[q].state + elems * (size_t)l);
+                    test_round_to(reqs[q].state + elems * (size_t)l, elems, o->state_dtype);
+                }
+                clear_pending(&reqs[q], L);
+            }
             for (int32_t l = 0; l < L; l++) {
                 double *s = test_read_state(e, l, reqs[q].slot);
                 const double ratio = test_error_ratio(s, reqs[q].state + elems * (size_t)l, elems,
@@ -191,7 +256,8 @@ scenario_result run_scenario(const scenario_options *o)
         for (int32_t q = 0; q < max_requests; q++) {
             if (!reqs[q].live || (reqs[q].remaining > 0 && test_rng_uniform(&rng) > 0.02)) continue;
             cr_assert_eq(gdn_slot_free(e, reqs[q].slot), GDN_OK);
-            free(reqs[q].state);
+            free(reqs[q].state), free(reqs[q].exact);
+            clear_pending(&reqs[q], L);
             memset(&reqs[q], 0, sizeof reqs[q]);
             result.retired++;
         }
@@ -199,7 +265,22 @@ scenario_result run_scenario(const scenario_options *o)
         free(in);
     }
     cr_assert_eq(gdn_engine_check_device_error(e, NULL), GDN_OK);
-    for (int32_t q = 0; q < max_requests; q++) free(reqs[q].state);
+    /* How far the stored states are from the never-rounded float64 run of the same tokens. */
+    double err2 = 0.0, ref2 = 0.0;
+    for (int32_t q = 0; q < max_requests; q++) {
+        if (!reqs[q].live) continue;
+        for (int32_t l = 0; l < L; l++) {
+            double *s = test_read_state(e, l, reqs[q].slot);
+            const double *x = reqs[q].exact + elems * (size_t)l;
+            for (size_t j = 0; j < elems; j++) err2 += (s[j] - x[j]) * (s[j] - x[j]), ref2 += x[j] * x[j];
+            free(s);
+        }
+    }
+    result.rms_vs_exact = ref2 > 0 ? sqrt(err2 / ref2) : 0.0;
+    for (int32_t q = 0; q < max_requests; q++) {
+        free(reqs[q].state), free(reqs[q].exact);
+        clear_pending(&reqs[q], L);
+    }
     free(reqs), free(rows), free(writes), free(row_req), free(accepted), free(expected_out), free(scratch), free(params);
     gdn_engine_destroy(e);
     return result;

@@ -2,7 +2,10 @@
  * A random multi-step serving scenario, checked against a float64 host reference at every step: the
  * harness behind the engine's scenario tests on both backends. Requests are admitted (random or zero
  * initial state), run in decode and verify steps of varying batch (so several buckets), with explicit
- * padding rows, forks into a new write slot, random acceptance (0 and T included), and retire.
+ * padding rows, forks into a new write slot, random acceptance (0 and T included), and retire. The
+ * host model follows the strategy's rounding points: the cache strategy stores the state after the
+ * accepted prefix; the replay strategy stores the folded state and keeps the accepted tokens pending
+ * until the next step (or a state read) folds them.
  */
 #ifndef GDN_TESTS_SCENARIO_H
 #define GDN_TESTS_SCENARIO_H
@@ -14,7 +17,9 @@ typedef struct scenario_options {
     gdn_backend_kind backend;
     gdn_graph_mode graph_mode;
     gdn_dtype state_dtype;
+    gdn_verify_strategy strategy;
     int32_t layers, steps, num_slots, max_batch, max_tokens;
+    int32_t check_every; /* compare every live state every this many steps (and at the end); 0 = 1 */
     uint64_t seed;
 } scenario_options;
 
@@ -24,6 +29,7 @@ typedef struct scenario_result {
     int32_t decode_steps, verify_steps, admitted, retired, forks, padding_rows;
     int32_t buckets_seen;  /* distinct buckets used */
     int32_t accepted_zero, accepted_full;
+    double rms_vs_exact; /* at the end: RMS of (state - never-rounded float64 state) / RMS of the latter */
 } scenario_result;
 
 /* Runs the scenario, asserting (Criterion) at every step; returns the statistics. */

@@ -155,14 +155,22 @@ Test(config, rejects_bad_strategy_and_backend)
     expect_invalid(&c, GDN_ECONFIG_BACKEND);
 }
 
-Test(config, replay_strategy_is_not_supported_yet)
+Test(config, replay_strategy_allocates_a_token_store_instead_of_the_cache)
 {
-    gdn_engine_config c = valid();
+    gdn_engine_config c = valid(); /* tiny: HK 2, HV 4, K = V = 64; 2 layers, 8 slots, max_tokens 4 */
     c.verify_strategy = GDN_VERIFY_REPLAY;
     cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
     gdn_engine *e = NULL;
-    cr_assert_eq(gdn_engine_create(&c, &e), GDN_ENOTSUP);
-    cr_assert_null(e);
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
+    gdn_memory_report r;
+    cr_assert_eq(gdn_engine_memory(e, &r), GDN_OK);
+    cr_assert_eq(r.verify_cache, 0);
+    const uint64_t token_elems = 2 * 64 + 4 * 64 + 2 * 4; /* k, v, a, b */
+    const uint64_t store = 2ull * 8 * 2 * 4 * token_elems * 2; /* layers x slots x banks x T x bf16 */
+    const uint64_t meta = 2ull * 2 * 8 * 4;                     /* pending and bank per layer and slot */
+    cr_assert_eq(r.token_store, store + meta);
+    cr_assert_eq(r.total, r.state_pools + r.token_store + r.io_buffers + r.parameters + r.indices);
+    gdn_engine_destroy(e);
 }
 
 Test(config, default_buckets_follow_the_documented_list)
@@ -218,6 +226,7 @@ Test(config, memory_report_adds_up)
     cr_assert_eq(r.state_pools, 2 * 8 * slot_bytes);
     cr_assert_eq(r.verify_cache, 2 * 8 * 4 * slot_bytes); /* layers x max_batch x max_tokens */
     cr_assert_gt(r.io_buffers, 0);
+    cr_assert_eq(r.token_store, 0);
     cr_assert_eq(r.total, r.state_pools + r.verify_cache + r.io_buffers + r.parameters + r.indices);
     cr_assert_eq(gdn_engine_memory(e, NULL), GDN_EINVAL);
     gdn_engine_destroy(e);

@@ -316,6 +316,19 @@ Test(gpu_engine, capture_callback_work_is_replayed_with_the_step, .timeout = 300
     gdn_engine_destroy(with_callback);
 }
 
+Test(gpu_engine, replay_strategy_is_refused_until_its_kernels_exist)
+{
+    require_gpu();
+    gdn_engine_config c = test_config("tiny", 1, GDN_DTYPE_F32, 4, 4, 2);
+    c.verify_strategy = GDN_VERIFY_REPLAY;
+    gdn_engine *e = NULL;
+    c.backend = GDN_BACKEND_CUDA;
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_ENOTSUP);
+    c.backend = GDN_BACKEND_AUTO; /* AUTO picks the GPU here and must not fall back silently */
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_ENOTSUP);
+    cr_assert_null(e);
+}
+
 #else
 
 Test(gpu_engine, skipped_without_cuda) { cr_skip_test("this build has no CUDA backend: GPU engine tests skipped"); }

@@ -130,8 +130,11 @@ typedef enum gdn_verify_strategy {
     /* Verify writes the state after every token into a cache [max_batch, max_tokens, HV, V, K];
      * commit copies the accepted entry into the pool. */
     GDN_VERIFY_CACHE = 0,
-    /* Verify keeps per-token terms; commit folds the accepted prefix later. Not implemented yet:
-     * gdn_engine_create returns GDN_ENOTSUP. */
+    /* Verify writes no per-token state: each slot keeps its last verify's token inputs (k, v, a, b;
+     * a few KB a head), commit only records the accepted count, and the next kernel that touches
+     * the slot folds the accepted tokens into the state in registers before its own (SPEC 3.2): one
+     * state read and one write per step whatever T is. Reading a state through the API folds first.
+     * CPU backend only for now: gdn_engine_create returns GDN_ENOTSUP on the CUDA backend. */
     GDN_VERIFY_REPLAY = 1,
 } gdn_verify_strategy;
 
@@ -229,7 +232,7 @@ GDN_API gdn_status gdn_engine_config_validate(const gdn_engine_config *config);
  * slot tables). State pools start zeroed; A_log and dt_bias start at zero for every layer (set them
  * with gdn_engine_set_layer_params). Returns GDN_ECONFIG_* for a bad field, GDN_ENODEV when
  * GDN_BACKEND_CUDA was asked for and no GPU (or no CUDA support in this build) is there, GDN_ENOTSUP
- * for the replay strategy, GDN_ENOMEM when an allocation fails. On success *out is the new engine.
+ * for the replay strategy on the CUDA backend (AUTO included), GDN_ENOMEM when an allocation fails. On success *out is the new engine.
  */
 GDN_API gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out);
 
@@ -249,6 +252,7 @@ GDN_API const char *gdn_engine_last_error(const gdn_engine *engine);
 typedef struct gdn_memory_report {
     uint64_t state_pools;  /* all layers' pools */
     uint64_t verify_cache; /* intermediate-state cache (cache strategy) */
+    uint64_t token_store;  /* per-slot token inputs and pending counts (replay strategy) */
     uint64_t io_buffers;   /* q, k, v, a, b, o for every layer */
     uint64_t parameters;   /* A_log, dt_bias */
     uint64_t indices;      /* slot indices, accepted counts, error flag */

@@ -89,8 +89,10 @@ static void store_to_cache(void *user, int32_t t, const double *S)
 
 size_t gdn__ref_scratch_bytes(void)
 {
+    /* The state, q, k, v and o of up to GDN_MAX_TOKENS tokens, and room for one folded token's k and
+     * v past o (the replay strategy folds before o is used). */
     const size_t max_dim = 256;
-    return sizeof(double) * (max_dim * max_dim + 4 * GDN_MAX_TOKENS * max_dim);
+    return sizeof(double) * (max_dim * max_dim + 4 * GDN_MAX_TOKENS * max_dim + 2 * max_dim);
 }
 
 gdn_status gdn__ref_layer_step(const gdn__layer_params *p)
@@ -100,6 +102,36 @@ gdn_status gdn__ref_layer_step(const gdn__layer_params *p)
     gdn__ref_layer_step_in(p, scratch);
     gdn__free(scratch);
     return GDN_OK;
+}
+
+/* Replay strategy: widens stored token t of bank `which` of `slot` for value head h (key head kh). */
+static void load_stored_token(const gdn__layer_params *p, int64_t slot, int32_t which, int32_t t, int32_t h,
+                              int32_t kh, double *k, double *v, double *a, double *b)
+{
+    const int64_t token = gdn__token_elems(p->HK, p->HV, p->K, p->V);
+    const int64_t base = ((slot * 2 + which) * p->store_tokens + t) * token;
+    const int64_t v_at = base + (int64_t)p->HK * p->K, gates_at = v_at + (int64_t)p->HV * p->V;
+    widen(p->token_store, p->input_dtype, base + (int64_t)kh * p->K, p->K, k);
+    widen(p->token_store, p->input_dtype, v_at + (int64_t)h * p->V, p->V, v);
+    *a = gdn__load_f32(p->token_store, p->input_dtype, gates_at + h);
+    *b = gdn__load_f32(p->token_store, p->input_dtype, gates_at + p->HV + h);
+}
+
+/* Replay strategy: copies row i's T tokens (k, v, a, b as given) into bank `which` of `slot`. */
+static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot, int32_t which)
+{
+    const size_t esize = gdn_dtype_size(p->input_dtype);
+    const int64_t token = gdn__token_elems(p->HK, p->HV, p->K, p->V);
+    const int64_t qk = (int64_t)p->HK * p->K, vv = (int64_t)p->HV * p->V;
+    for (int32_t t = 0; t < p->T; t++) {
+        const int64_t tok = (int64_t)i * p->T + t;
+        char *dst = (char *)p->token_store + (size_t)(((slot * 2 + which) * p->store_tokens + t) * token) * esize;
+        memcpy(dst, (const char *)p->k + (size_t)(tok * qk) * esize, (size_t)qk * esize);
+        memcpy(dst + (size_t)qk * esize, (const char *)p->v + (size_t)(tok * vv) * esize, (size_t)vv * esize);
+        memcpy(dst + (size_t)(qk + vv) * esize, (const char *)p->a + (size_t)(tok * p->HV) * esize, (size_t)p->HV * esize);
+        memcpy(dst + (size_t)(qk + vv + p->HV) * esize, (const char *)p->b + (size_t)(tok * p->HV) * esize,
+               (size_t)p->HV * esize);
+    }
 }
 
 void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
@@ -139,6 +171,18 @@ void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
                 b[t] = gdn__load_f32(p->b, p->input_dtype, tok * HV + h);
             }
             widen(p->state, p->state_dtype, r * p->slot_stride + h * state_elems, state_elems, S);
+            if (p->token_store) { /* replay: fold the slot's accepted tokens first (their outputs unused) */
+                const int32_t n = p->pending[r], which = p->bank[r];
+                /* o is free until the own tokens run; the scratch has room past it for k and v. */
+                double fa[GDN_MAX_TOKENS], fb[GDN_MAX_TOKENS], *fk = o, *fv = o + K;
+                double fo[256];
+                for (int32_t t = 0; t < n; t++) {
+                    load_stored_token(p, r, which, t, h, kh, fk, fv, &fa[t], &fb[t]);
+                    gdn__ref_head(1, K, V, S, fk, fk, K, fv, V, &fa[t], &fb[t], p->A_log[h], p->dt_bias[h], p->scale,
+                                  p->use_qk_l2norm, fo, V, NULL, NULL);
+                }
+                if (p->replay_verify) narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
+            }
             cache_hook_ctx ctx = {p, (int64_t)i * p->cache_row_stride + h * state_elems};
             gdn__ref_head(T, K, V, S, q, k, K, v, V, a, b, p->A_log[h], p->dt_bias[h], p->scale,
                           p->use_qk_l2norm, o, V, p->cache ? store_to_cache : NULL, &ctx);
@@ -146,7 +190,14 @@ void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
                 for (int32_t c = 0; c < V; c++)
                     gdn__store_f32(p->out, p->output_dtype, out_row + (int64_t)t * v_token + c,
                                    (float)o[(int64_t)t * V + c]);
-            if (!p->cache) narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
+            if (!p->cache && !(p->token_store && p->replay_verify))
+                narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
+        }
+        if (p->token_store && !padding) { /* the row's bookkeeping, once every head is done */
+            const int32_t which = p->bank[r];
+            if (p->replay_verify) store_row_tokens(p, i, w, 1 - which);
+            p->pending[w] = 0;
+            if (p->replay_verify) p->bank[w] = 1 - which;
         }
     }
 }
@@ -165,6 +216,10 @@ void gdn__ref_commit(const gdn__commit_params *p)
         }
         int32_t n = p->accepted[i];
         n = n < 0 ? 0 : (n > p->T ? p->T : n);
+        if (p->pending) { /* replay: the next kernel that touches the slot folds them */
+            for (int32_t l = 0; l < p->num_layers; l++) p->pending[(int64_t)l * p->num_slots + w] = n;
+            continue;
+        }
         if (n == 0) continue;
         for (int32_t l = 0; l < p->num_layers; l++) {
             char *dst = (char *)p->state + (size_t)(l * p->state_layer_stride + w * p->slot_stride) * elem;
