@@ -87,14 +87,45 @@ static int issue_direct(gdn_engine *e, const int32_t *slots, int32_t batch, int3
     return 0;
 }
 
-static int measure(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t tokens, int32_t layers, cudaStream_t s,
-                   engine_row *row)
+typedef enum timed_work { TIMED_STEPS, TIMED_DIRECT } timed_work;
+
+/* Median over 20 repetitions of the GPU time (CUDA events) of `work`: 8 whole steps (per step), or
+ * one step as direct launches; behind_spin queues the work behind a 2 ms kernel first, so the GPU
+ * runs it back to back with no host launch gaps. */
+static int time_on_gpu(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t tokens, int32_t layers,
+                       cudaStream_t s, timed_work work, int behind_spin, double *median_us)
 {
-    enum { BURST = 12, BURSTS = 31, REPS = 20 };
+    enum { REPS = 20 };
+    const int steps = work == TIMED_STEPS ? 8 : 1;
     double samples[REPS];
     cudaEvent_t start, stop;
     TRY_CUDA(cudaEventCreate(&start));
     TRY_CUDA(cudaEventCreate(&stop));
+    for (int r = 0; r < REPS; r++) {
+        TRY_CUDA(cudaStreamSynchronize(s));
+        if (behind_spin && gdn_bench_spin(s, 2.0)) return -1;
+        TRY_CUDA(cudaEventRecord(start, s));
+        for (int i = 0; i < steps; i++) {
+            const int failed = work == TIMED_STEPS ? issue_step(e, slots, bucket, tokens, s)
+                                                   : issue_direct(e, slots, bucket, tokens, layers, s);
+            if (failed) return -1;
+        }
+        TRY_CUDA(cudaEventRecord(stop, s));
+        TRY_CUDA(cudaEventSynchronize(stop));
+        float ms = 0;
+        TRY_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        samples[r] = 1000.0 * ms / steps;
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    *median_us = median_of(samples, REPS);
+    return 0;
+}
+
+static int measure(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t tokens, int32_t layers, cudaStream_t s,
+                   engine_row *row)
+{
+    enum { BURST = 12, BURSTS = 31 };
     for (int w = 0; w < 3; w++)
         if (issue_step(e, slots, bucket, tokens, s)) return -1;
     TRY_CUDA(cudaStreamSynchronize(s));
@@ -114,49 +145,12 @@ static int measure(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t 
     row->host_us = median_of(host, n_host); /* sorts host[] */
     row->host_p90_us = host[(int)(0.9 * (n_host - 1))];
 
-    /* GPU time per step: graph replays (with their index uploads) queued behind a spin kernel. */
-    for (int r = 0; r < REPS; r++) {
-        TRY_CUDA(cudaStreamSynchronize(s));
-        if (gdn_bench_spin(s, 2.0)) return -1;
-        TRY_CUDA(cudaEventRecord(start, s));
-        for (int i = 0; i < 8; i++)
-            if (issue_step(e, slots, bucket, tokens, s)) return -1;
-        TRY_CUDA(cudaEventRecord(stop, s));
-        TRY_CUDA(cudaEventSynchronize(stop));
-        float ms = 0;
-        TRY_CUDA(cudaEventElapsedTime(&ms, start, stop));
-        samples[r] = 1000.0 * ms / 8;
-    }
-    row->graph_us = median_of(samples, REPS);
-
-    /* Direct launches as the host issues them (launch gaps included). */
-    for (int r = 0; r < REPS; r++) {
-        TRY_CUDA(cudaStreamSynchronize(s));
-        TRY_CUDA(cudaEventRecord(start, s));
-        if (issue_direct(e, slots, bucket, tokens, layers, s)) return -1;
-        TRY_CUDA(cudaEventRecord(stop, s));
-        TRY_CUDA(cudaEventSynchronize(stop));
-        float ms = 0;
-        TRY_CUDA(cudaEventElapsedTime(&ms, start, stop));
-        samples[r] = 1000.0 * ms;
-    }
-    row->direct_us = median_of(samples, REPS);
-
+    /* GPU time per step: graph replays (with their row fetches) queued behind a spin kernel. */
+    if (time_on_gpu(e, slots, bucket, tokens, layers, s, TIMED_STEPS, 1, &row->graph_us)) return -1;
+    /* The same step as direct launches, as the host issues them (launch gaps included). */
+    if (time_on_gpu(e, slots, bucket, tokens, layers, s, TIMED_DIRECT, 0, &row->direct_us)) return -1;
     /* Sum of single-layer kernel times: the direct launches queued behind a spin kernel. */
-    for (int r = 0; r < REPS; r++) {
-        TRY_CUDA(cudaStreamSynchronize(s));
-        if (gdn_bench_spin(s, 2.0)) return -1;
-        TRY_CUDA(cudaEventRecord(start, s));
-        if (issue_direct(e, slots, bucket, tokens, layers, s)) return -1;
-        TRY_CUDA(cudaEventRecord(stop, s));
-        TRY_CUDA(cudaEventSynchronize(stop));
-        float ms = 0;
-        TRY_CUDA(cudaEventElapsedTime(&ms, start, stop));
-        samples[r] = 1000.0 * ms;
-    }
-    row->kernel_sum_us = median_of(samples, REPS);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    if (time_on_gpu(e, slots, bucket, tokens, layers, s, TIMED_DIRECT, 1, &row->kernel_sum_us)) return -1;
     return 0;
 }
 

@@ -3,6 +3,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -246,6 +247,22 @@ void test_set_accepted(gdn_engine *engine, const int32_t *accepted, int32_t n)
 {
     cr_assert_eq(gdn_engine_upload(engine, gdn_engine_accepted(engine), accepted, sizeof(int32_t) * (size_t)n, NULL),
                  GDN_OK);
+}
+
+/* A suite whose every test skipped (no GPU) exits with 77, so that `meson test` lists it as SKIP
+ * rather than OK: a skipped GPU suite must be visible, never a silent pass. */
+ReportHook(POST_ALL)(struct criterion_global_stats *stats)
+{
+    if (stats->nb_tests > 0 && stats->tests_skipped == stats->nb_tests) {
+        printf("[====] Skipped: %zu GPU tests (no GPU)\n", stats->tests_skipped);
+        fflush(NULL);
+        _Exit(77);
+    }
+}
+
+void test_require_gpu(void)
+{
+    if (!test_have_gpu()) cr_skip_test("no usable CUDA GPU here (or no CUDA in this build): GPU test skipped");
 }
 
 int test_have_gpu(void)

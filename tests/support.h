@@ -87,4 +87,7 @@ void test_set_accepted(gdn_engine *engine, const int32_t *accepted, int32_t n);
 /* 1 when a CUDA GPU can be used by this build (an engine with GDN_BACKEND_CUDA can be created). */
 int test_have_gpu(void);
 
+/* Skips the calling test (visibly, with the reason) unless test_have_gpu(). */
+void test_require_gpu(void);
+
 #endif /* GDN_TESTS_SUPPORT_H */

@@ -14,28 +14,10 @@
 #include "scenario.h"
 #include "support.h"
 
-ReportHook(POST_ALL)(struct criterion_global_stats *stats)
-{
-    if (stats->nb_tests > 0 && stats->tests_skipped == stats->nb_tests) {
-        printf("[====] Skipped: %zu GPU tests (no GPU)\n", stats->tests_skipped);
-        fflush(NULL);
-        _Exit(77);
-    }
-}
-
 #ifdef GDN_HAVE_CUDA
 #include <cuda_runtime.h>
 
 int test_gpu_spin(void *stream, double milliseconds);
-
-static void require_gpu(void)
-{
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        cudaGetLastError();
-        cr_skip_test("no CUDA GPU on this machine: GPU engine test skipped");
-    }
-}
 
 static double now_us(void)
 {
@@ -121,7 +103,7 @@ static void count_progress(void *user, int32_t captured, int32_t total)
 
 Test(gpu_engine, graph_replay_is_bit_exact_with_direct_launches, .timeout = 600)
 {
-    require_gpu();
+    test_require_gpu();
     gdn_engine *direct = cuda_engine(GDN_GRAPHS_OFF, 5, GDN_DTYPE_BF16);
     gdn_engine *lazy = cuda_engine(GDN_GRAPHS_LAZY, 5, GDN_DTYPE_BF16);
     gdn_engine_config c = *gdn_engine_get_config(lazy);
@@ -147,7 +129,7 @@ Test(gpu_engine, graph_replay_is_bit_exact_with_direct_launches, .timeout = 600)
 
 Test(gpu_engine, random_200_step_scenario_with_graphs, .timeout = 900)
 {
-    require_gpu();
+    test_require_gpu();
     const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
     for (int d = 0; d < 2; d++) {
         scenario_options o = {.preset = "tiny", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
@@ -165,7 +147,7 @@ Test(gpu_engine, random_200_step_scenario_with_graphs, .timeout = 900)
 
 Test(gpu_engine, no_allocation_after_creation, .timeout = 300)
 {
-    require_gpu();
+    test_require_gpu();
     gdn_engine_config c = test_config("qwen3-next", 3, GDN_DTYPE_BF16, 40, 32, 4);
     c.backend = GDN_BACKEND_CUDA;
     c.graph_mode = GDN_GRAPHS_AT_CREATE;
@@ -207,7 +189,7 @@ Test(gpu_engine, no_allocation_after_creation, .timeout = 300)
 
 Test(gpu_engine, a_step_returns_while_the_gpu_is_busy)
 {
-    require_gpu();
+    test_require_gpu();
     gdn_engine *e = cuda_engine(GDN_GRAPHS_LAZY, 9, GDN_DTYPE_F32);
     cudaStream_t stream;
     cr_assert_eq(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
@@ -268,7 +250,7 @@ static gdn_status user_capture(void *user, gdn_engine *e, gdn_step_kind kind, in
 
 Test(gpu_engine, capture_callback_work_is_replayed_with_the_step, .timeout = 300)
 {
-    require_gpu();
+    test_require_gpu();
     user_model m = {.q_bytes = (size_t)32 * 4 * 16 * 128 * 2};
     for (int l = 0; l < 3; l++) cr_assert_eq(cudaMalloc(&m.d_q[l], m.q_bytes), cudaSuccess);
     gdn_engine *plain = cuda_engine(GDN_GRAPHS_OFF, 11, GDN_DTYPE_F32);
@@ -318,7 +300,7 @@ Test(gpu_engine, capture_callback_work_is_replayed_with_the_step, .timeout = 300
 
 Test(gpu_engine, replay_strategy_is_refused_until_its_kernels_exist)
 {
-    require_gpu();
+    test_require_gpu();
     gdn_engine_config c = test_config("tiny", 1, GDN_DTYPE_F32, 4, 4, 2);
     c.verify_strategy = GDN_VERIFY_REPLAY;
     gdn_engine *e = NULL;
@@ -329,8 +311,12 @@ Test(gpu_engine, replay_strategy_is_refused_until_its_kernels_exist)
     cr_assert_null(e);
 }
 
-#else
+#else /* no CUDA in this build: one test that says so by skipping */
 
-Test(gpu_engine, skipped_without_cuda) { cr_skip_test("this build has no CUDA backend: GPU engine tests skipped"); }
+Test(gpu_engine, skipped_without_cuda)
+{
+    test_require_gpu();
+    cr_assert_fail("a build without CUDA cannot have a usable GPU");
+}
 
 #endif
