@@ -45,11 +45,17 @@ static gdn_status record_error(cuda_backend *cu, cudaError_t err, const char *ex
         if (gdn__err != cudaSuccess) return record_error((cu), gdn__err, #expr, __LINE__); \
     } while (0)
 
+/* Device allocations made by the library (all engines), for the test that proves steps make none. */
+static atomic_uint_fast64_t device_allocations;
+
+uint64_t gdn__cuda_device_allocations(void) { return atomic_load_explicit(&device_allocations, memory_order_relaxed); }
+
 static gdn_status cuda_alloc(void *ctx, size_t bytes, void **out)
 {
     cuda_backend *cu = ctx;
     *out = NULL;
     GDN__CUDA_TRY(cu, cudaMalloc(out, bytes ? bytes : 1));
+    atomic_fetch_add_explicit(&device_allocations, 1, memory_order_relaxed);
     cudaError_t err = cudaMemset(*out, 0, bytes);
     if (err != cudaSuccess) {
         cudaFree(*out);

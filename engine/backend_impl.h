@@ -59,6 +59,9 @@ typedef struct gdn__backend {
 /* Creates the CPU backend. staging_bytes: the largest upload_staged. */
 gdn_status gdn__backend_cpu_create(size_t staging_bytes, gdn__backend *out);
 
+/* Device allocations the CUDA backend has made so far (all engines; tests difference two readings). */
+uint64_t gdn__cuda_device_allocations(void);
+
 /* Creates the CUDA backend on `device`: GDN_ENODEV when this build has no CUDA or no GPU is usable. */
 gdn_status gdn__backend_cuda_create(int32_t device, size_t staging_bytes, gdn__backend *out);
 

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "engine/alloc.h"
+#include "engine/backend_impl.h"
 #include "scenario.h"
 #include "support.h"
 
@@ -159,6 +160,7 @@ Test(gpu_engine, no_allocation_after_creation, .timeout = 300)
     cr_assert_eq(gdn_engine_synchronize(e, NULL), GDN_OK);
     size_t free_before = 0, free_after = 0, total = 0;
     cudaMemGetInfo(&free_before, &total);
+    const uint64_t device_before = gdn__cuda_device_allocations();
     const uint64_t host_before = gdn__thread_allocated_bytes(), library_before = gdn__allocation_count();
     gdn_status worst = GDN_OK;
     for (int32_t round = 0; round < 3; round++) {
@@ -183,7 +185,11 @@ Test(gpu_engine, no_allocation_after_creation, .timeout = 300)
      * report it, and require that it stays small (no per-step growth of our making). */
     cr_log_info("jemalloc thread.allocated grew by %llu bytes over 3 x 44 steps (CUDA runtime included)",
                 (unsigned long long)(host_after - host_before));
-    cr_assert_eq(free_after, free_before, "device free memory moved by %lld bytes", (long long)free_before - (long long)free_after);
+    cr_assert_eq(gdn__cuda_device_allocations(), device_before, "the library allocated device memory on the step path");
+    /* cudaMemGetInfo sees the whole device, other processes included (a sanitizer, a parallel test):
+     * report it, but the library's own counter above is the check. */
+    cr_log_info("device free memory moved by %lld bytes over the steps (whole device)",
+                (long long)free_before - (long long)free_after);
     gdn_engine_destroy(e);
 }
 
