@@ -116,7 +116,6 @@ static void cuda_consume_rows(void *ctx) { ((cuda_backend *)ctx)->host_seq++; }
 
 static gdn_status cuda_layer_step(void *ctx, const gdn__layer_params *params, void *stream)
 {
-    if (params->token_store) return GDN_ENOTSUP; /* the replay strategy has no CUDA kernels yet */
     gdn_status status = gdn__cuda_layer_step(params, stream);
     if (status == GDN_ECUDA) record_error(ctx, cudaGetLastError(), "gdn__cuda_layer_step", __LINE__);
     return status;

@@ -5,6 +5,7 @@
  * enqueues work. Policy lives here; backends (backend_cpu.c, backend_cuda.c) only run it.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "alloc.h"
@@ -40,7 +41,8 @@ struct gdn_engine {
     int64_t cache_layer_stride;
     void *token_store;          /* replay: [L, num_slots, 2, max_tokens, token elements] input_dtype */
     int64_t store_layer_stride; /* elements */
-    int32_t *replay_meta;       /* replay: pending [L, num_slots], then bank [L, num_slots] */
+    int32_t *replay_meta;       /* replay: pending [L, num_slots], bank [L, num_slots], then the CUDA
+                                 * kernel's per-row arrival counts [max_batch] */
     void *io_block;             /* every layer's q, k, v, a, b, o */
     float *params;              /* [L][2][HV]: A_log then dt_bias */
     int32_t *indices;           /* rows [2 * max_batch] (the step's bucket read slots, then its
@@ -82,6 +84,10 @@ static int32_t *pending_buffer(const gdn_engine *e, int32_t layer)
 static int32_t *bank_buffer(const gdn_engine *e, int32_t layer)
 {
     return e->replay_meta + ((size_t)e->config.model.num_layers + (size_t)layer) * (size_t)e->config.num_slots;
+}
+static uint32_t *arrivals_buffer(const gdn_engine *e)
+{
+    return (uint32_t *)(e->replay_meta + 2 * (size_t)e->config.model.num_layers * (size_t)e->config.num_slots);
 }
 
 static size_t align_up(size_t bytes) { return (bytes + 255u) & ~(size_t)255u; }
@@ -187,8 +193,8 @@ static gdn_status allocate_everything(gdn_engine *e)
         status = backend_alloc(e, (size_t)(e->store_layer_stride * L) * gdn_dtype_size(c->input_dtype),
                                &e->token_store, &e->memory.token_store);
         if (status == GDN_OK)
-            status = backend_alloc(e, 2 * (size_t)L * (size_t)c->num_slots * sizeof(int32_t), (void **)&e->replay_meta,
-                                   &e->memory.token_store);
+            status = backend_alloc(e, (2 * (size_t)L * (size_t)c->num_slots + (size_t)c->max_batch) * sizeof(int32_t),
+                                   (void **)&e->replay_meta, &e->memory.token_store);
         if (status != GDN_OK) return status;
     }
     if ((status = allocate_io(e)) != GDN_OK) return status;
@@ -240,8 +246,11 @@ gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
     if (!e) return GDN_ENOMEM;
     e->config = resolved;
     status = create_backend(&resolved, 2 * (size_t)resolved.max_batch * sizeof(int32_t), &e->backend);
-    /* The replay strategy's kernels exist on the CPU backend only so far. */
-    if (status == GDN_OK && resolved.verify_strategy == GDN_VERIFY_REPLAY && e->backend.iface->kind != GDN_BACKEND_CPU)
+    /* The replay strategy's CUDA kernels have not run on a GPU yet: only on request. */
+    const char *experimental = getenv("GDN_EXPERIMENTAL_CUDA_REPLAY");
+    const int cuda_replay_allowed = experimental && strcmp(experimental, "1") == 0;
+    if (status == GDN_OK && resolved.verify_strategy == GDN_VERIFY_REPLAY && e->backend.iface->kind != GDN_BACKEND_CPU &&
+        !cuda_replay_allowed)
         status = GDN_ENOTSUP;
     if (status == GDN_OK) status = allocate_everything(e);
     if (status == GDN_OK) status = e->backend.iface->synchronize(e->backend.ctx, NULL); /* zero fills done */
@@ -552,6 +561,7 @@ static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind 
         p->pending = pending_buffer(e, layer);
         p->bank = bank_buffer(e, layer);
         p->replay_verify = kind == GDN_STEP_VERIFY;
+        p->arrivals = arrivals_buffer(e);
     } else if (kind == GDN_STEP_VERIFY) {
         p->cache = (char *)e->cache + (size_t)(layer * e->cache_layer_stride) * state_size;
         p->cache_row_stride = e->cache_row_stride;

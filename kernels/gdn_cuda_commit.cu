@@ -8,6 +8,10 @@
  * Each thread copies CHUNK_VECS 16-byte vectors, all loads issued before the stores. Rows that commit
  * nothing (padding, n == 0, a slot out of range) exit after reading three integers. When a pointer or
  * stride is not 16-byte aligned the same kernel runs with 4-byte (fp32) or 2-byte (bf16) elements.
+ *
+ * Replay strategy (p->pending != NULL; EXPERIMENTAL, not yet run on a GPU): no copy, only
+ * pending_l[w] = n for every layer (one thread per (row, layer)); the next kernel that touches the
+ * slot folds the tokens.
  */
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
@@ -66,6 +70,21 @@ template <typename U> static gdn_status launch(const gdn__commit_params *p, int6
     return GDN_OK;
 }
 
+__global__ void __launch_bounds__(128) commit_pending_kernel(const gdn__commit_params p)
+{
+    const int64_t i = blockIdx.x;
+    const int64_t r = p.read_slots[i];
+    if (r < 0) return;
+    const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
+    if (r >= p.num_slots || w >= p.num_slots) {
+        if (p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
+        return;
+    }
+    int n = p.accepted[i];
+    n = n < 0 ? 0 : (n > p.T ? p.T : n);
+    for (int64_t l = threadIdx.x; l < p.num_layers; l += blockDim.x) p.pending[l * p.num_slots + w] = n;
+}
+
 extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream)
 {
     if (!p) return GDN_EINVAL;
@@ -73,6 +92,12 @@ extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream
     if (p->B < 0 || p->B > 65535 || p->num_layers < 0 || p->num_layers > 65535) return GDN_ENOTSUP;
     if (p->T < 1 || p->T > GDN_MAX_TOKENS || p->HV < 1 || p->K < 1 || p->V < 1) return GDN_EINVAL;
     if (p->B == 0 || p->num_layers == 0) return GDN_OK;
+    if (p->pending) { /* replay */
+        if (!p->read_slots || !p->accepted) return GDN_EINVAL;
+        commit_pending_kernel<<<(unsigned)p->B, 128, 0, static_cast<cudaStream_t>(stream)>>>(*p);
+        GDN__CUDA_TRY(cudaGetLastError());
+        return GDN_OK;
+    }
     if (!p->state || !p->cache || !p->read_slots || !p->accepted) return GDN_EINVAL;
     const int64_t elem = p->state_dtype == GDN_DTYPE_F32 ? 4 : 2;
     const int64_t slot_elems = (int64_t)p->HV * p->V * p->K;

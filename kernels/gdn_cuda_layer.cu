@@ -24,7 +24,10 @@
  * consecutive state rows of one head. Padding rows exit before touching the state.
  *
  * Template parameters: K (64, 128, 256), state storage S (float, bf16), input storage I (bf16, fp16),
- * output storage O (bf16, float). V, T, HK, HV and the cache flag are runtime values.
+ * output storage O (bf16, float), REPLAY (the replay verify strategy: the token loop starts with the
+ * slot's pending tokens from its token store, t < 0, without outputs; EXPERIMENTAL, not yet run on a
+ * GPU: the engine enables it only with GDN_EXPERIMENTAL_CUDA_REPLAY=1). V, T, HK, HV and the cache
+ * flag are runtime values. With REPLAY false every replay branch is a compile-time constant.
  */
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
@@ -104,7 +107,35 @@ template <typename I, int NV, int EV, int RT> struct token_inputs {
 /* Kernel template                                                                                  */
 /* ---------------------------------------------------------------------------------------------- */
 
-template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN>
+/* Replay verify: saves this thread's share of token `tok`'s raw inputs (before normalisation; exact
+ * in the input type) as stored token t of bank `which` of slot w: v of its rows (one lane a row), k
+ * of key head kh (one lane group of the first CTA of the group's first value head), a and b of head h
+ * (the first thread of the head's first tile). */
+template <int K, typename I, int NV, int EV, int RT, int L, int G>
+__device__ __forceinline__ void store_token(const gdn__layer_params &p, const float (&v)[RT], float a, float b,
+                                            int64_t tok, int64_t w, int32_t which, int t, int kh, int h, int tile,
+                                            int row0, int glane)
+{
+    const int HV = p.HV, V = p.V;
+    I *tb = static_cast<I *>(p.token_store) + ((w * 2 + which) * p.store_tokens + t) * gdn__token_elems(p.HK, HV, K, V);
+    I *vs = tb + (int64_t)p.HK * K, *gs = vs + (int64_t)HV * V;
+    if (glane == 0)
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) vs[(int64_t)h * V + row0 + rt * G] = gdn__from_f32<I>(v[rt]);
+    if (tile == 0 && h % (HV / p.HK) == 0 && threadIdx.x < L) {
+        const I *kp = static_cast<const I *>(p.k) + (tok * p.HK + kh) * K;
+#pragma unroll
+        for (int n = 0; n < NV; n++)
+#pragma unroll
+            for (int e = 0; e < EV; e++) tb[kh * K + (n * L + glane) * EV + e] = kp[(n * L + glane) * EV + e];
+    }
+    if (tile == 0 && threadIdx.x == 0) {
+        gs[h] = gdn__from_f32<I>(a);
+        gs[HV + h] = gdn__from_f32<I>(b);
+    }
+}
+
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool REPLAY>
 __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer_step_kernel(const gdn__layer_params p)
 {
     using Geo = layer_geometry<K, S, REGS>;
@@ -159,11 +190,33 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
     S *cache = static_cast<S *>(p.cache);
     const int64_t cache_token_stride = (int64_t)HV * state_elems;
 
+    /* Replay: tokens -pending..-1 are the slot's accepted tokens of its last verify (bank `bank`). */
+    const int pending = REPLAY ? p.pending[r] : 0;
+    const int32_t bank = REPLAY ? p.bank[r] : 0;
+
     /* (Loading token t + 1's inputs during token t was measured slower: the extra registers cost
      * more occupancy than the hidden latency gained.) */
-    for (int t = 0; t < T; t++) {
+    for (int t = -pending; t < T; t++) {
         token_inputs<I, NV, EV, RT> cur;
-        cur.load(p, kp, qp, vp, ap, bp, i * T + t, kh, h, row0, G, glane, L);
+        if (REPLAY && t < 0) {
+            const I *tb = static_cast<const I *>(p.token_store) +
+                          ((r * 2 + bank) * p.store_tokens + (t + pending)) * gdn__token_elems(p.HK, HV, K, V);
+            const I *va = tb + (int64_t)p.HK * K, *ga = va + (int64_t)HV * V;
+            cur.load(p, tb, tb, va, ga, ga + HV, 0, kh, h, row0, G, glane, L);
+        } else {
+            cur.load(p, kp, qp, vp, ap, bp, i * T + t, kh, h, row0, G, glane, L);
+        }
+        if (REPLAY && p.replay_verify && t == 0) { /* the pool gets the folded state; own tokens stay pending */
+            S *dst = static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems;
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int n = 0; n < NV; n++)
+                    gdn__store_vec<S, EV>(dst + (int64_t)(row0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
+        }
+        if (REPLAY && p.replay_verify && t >= 0)
+            store_token<K, I, NV, EV, RT, L, G>(p, cur.v, cur.a, cur.b, i * T + t, w, 1 - bank, t, kh, h, tile, row0,
+                                                glane);
         float(&kv)[NV][EV] = cur.k;
         float(&qv)[NV][EV] = cur.q;
         const float(&vrow)[RT] = cur.v;
@@ -218,12 +271,13 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
                 dq[rt] += __shfl_xor_sync(0xffffffffu, dq[rt], off);
             }
 
-        S *dst_tok = cache ? cache + i * p.cache_row_stride + t * cache_token_stride + h * state_elems : nullptr;
+        S *dst_tok = cache && !(REPLAY && t < 0) ? cache + i * p.cache_row_stride + t * cache_token_stride + h * state_elems
+                                                 : nullptr;
 #pragma unroll
         for (int rt = 0; rt < RT; rt++) {
             const float u = beta * (vrow[rt] - g * dk[rt]);
             const float o = g * dq[rt] + u * kq_hat;
-            if (glane == 0) out[out_base + t * out_token_stride + row0 + rt * G] = gdn__from_f32<O>(o);
+            if (glane == 0 && !(REPLAY && t < 0)) out[out_base + t * out_token_stride + row0 + rt * G] = gdn__from_f32<O>(o);
 #pragma unroll
             for (int n = 0; n < NV; n++) {
 #pragma unroll
@@ -234,13 +288,26 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
         }
     }
 
-    if (!cache) {
+    if (!cache && !(REPLAY && p.replay_verify)) {
         S *dst = static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems;
 #pragma unroll
         for (int rt = 0; rt < RT; rt++)
 #pragma unroll
             for (int n = 0; n < NV; n++)
                 gdn__store_vec<S, EV>(dst + (int64_t)(row0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
+    }
+
+    if (REPLAY) { /* the last CTA of the row, once every CTA has read pending[r] and bank[r] */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            if (atomicAdd(&p.arrivals[i], 1u) == gridDim.x - 1) {
+                p.pending[w] = 0;
+                if (p.replay_verify) p.bank[w] = 1 - bank;
+                p.arrivals[i] = 0;
+                __threadfence();
+            }
+        }
     }
 }
 
@@ -251,7 +318,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
 /* CTAs below which a launch uses fewer warps per CTA (more, smaller CTAs) to reach more SMs. */
 #define GDN__SMALL_GRID_CTAS 1024
 
-template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN>
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool REPLAY>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
     using Geo = layer_geometry<K, S, REGS>;
@@ -261,14 +328,14 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         warps /= 2;
     const int tiles_per_head = p->V / (warps * Geo::ROWS_PER_WARP);
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
-    layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN><<<grid, warps * 32, 0, stream>>>(*p);
+    layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, REPLAY><<<grid, warps * 32, 0, stream>>>(*p);
     GDN__CUDA_TRY(cudaGetLastError());
     return GDN_OK;
 }
 
 /* Large grids: more state per thread (more bytes in flight per SM); small grids: less state per
  * thread, so that the work spreads over more warps and SMs. */
-template <int K, typename S, typename I, typename O, bool ONE_TOKEN>
+template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool REPLAY>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
     constexpr int BIG = big_regs<S>();
@@ -276,17 +343,19 @@ static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
     using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL>;
     const int64_t big_warps = (int64_t)p->B * p->HV * (p->V / Big::ROWS_PER_WARP);
     const int64_t small_warps = (int64_t)p->B * p->HV * (p->V / Small::ROWS_PER_WARP);
-    if (big_warps >= 4 * GDN__SMALL_GRID_CTAS) return launch_regs<K, S, I, O, BIG, ONE_TOKEN>(p, stream);
+    if (big_warps >= 4 * GDN__SMALL_GRID_CTAS) return launch_regs<K, S, I, O, BIG, ONE_TOKEN, REPLAY>(p, stream);
     /* The smallest decode grids (e.g. B = 1 of a 32-head layer): fewer rows per warp, shorter chains. */
     if (ONE_TOKEN && small_warps < 2 * GDN__SMALL_GRID_CTAS)
-        return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN>(p, stream);
-    return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN>(p, stream);
+        return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, REPLAY>(p, stream);
+    return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, REPLAY>(p, stream);
 }
 
 template <int K, typename S, typename I, typename O>
 static gdn_status launch(const gdn__layer_params *p, cudaStream_t stream)
 {
-    return p->T == 1 ? launch_tokens<K, S, I, O, true>(p, stream) : launch_tokens<K, S, I, O, false>(p, stream);
+    if (p->token_store) /* replay; T = 0 is a flush (fold only) */
+        return p->T == 1 ? launch_tokens<K, S, I, O, true, true>(p, stream) : launch_tokens<K, S, I, O, false, true>(p, stream);
+    return p->T == 1 ? launch_tokens<K, S, I, O, true, false>(p, stream) : launch_tokens<K, S, I, O, false, false>(p, stream);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -323,7 +392,9 @@ static gdn_status dispatch(const gdn__layer_params *p, cudaStream_t stream, bool
 /* Shape and alignment checks shared by both entry points (GDN_ENOTSUP for what no instance runs). */
 static gdn_status check_shape(const gdn__layer_params *p)
 {
-    if (p->T < 1 || p->T > GDN_MAX_TOKENS || p->B < 0 || p->B > 65535) return GDN_ENOTSUP;
+    if (p->T < (p->token_store ? 0 : 1) || p->T > GDN_MAX_TOKENS || p->B < 0 || p->B > 65535) return GDN_ENOTSUP;
+    if (p->token_store && (p->cache || !p->pending || !p->bank || !p->arrivals || p->store_tokens < 1))
+        return GDN_EINVAL;
     if (p->V != 64 && p->V != 128 && p->V != 256) return GDN_ENOTSUP;
     if (p->HK < 1 || p->HV < 1 || p->HV % p->HK != 0) return GDN_ENOTSUP;
     if ((int64_t)p->HV * p->V > 65536 * 16) return GDN_ENOTSUP; /* grid x stays far below its limit */

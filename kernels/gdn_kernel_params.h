@@ -82,10 +82,17 @@ typedef struct gdn__layer_params {
     int32_t *pending;          /* [num_slots] */
     int32_t *bank;             /* [num_slots] */
     int32_t replay_verify;
+    uint32_t *arrivals;        /* [B] zeroed, left zeroed: the CUDA kernel's per-row count of finished
+                                * CTAs, so that the last one does the row's bookkeeping */
 } gdn__layer_params;
 
-/* Elements of one stored token (k, v, a, b) and of one slot's store (both banks). */
-static inline int64_t gdn__token_elems(int32_t HK, int32_t HV, int32_t K, int32_t V)
+/* Elements of one stored token (k, v, a, b). Host and device. */
+#ifdef __CUDACC__
+#define GDN__HOST_DEVICE __host__ __device__
+#else
+#define GDN__HOST_DEVICE
+#endif
+static inline GDN__HOST_DEVICE int64_t gdn__token_elems(int32_t HK, int32_t HV, int32_t K, int32_t V)
 {
     return (int64_t)HK * K + (int64_t)HV * V + 2 * (int64_t)HV;
 }

@@ -134,7 +134,8 @@ typedef enum gdn_verify_strategy {
      * a few KB a head), commit only records the accepted count, and the next kernel that touches
      * the slot folds the accepted tokens into the state in registers before its own (SPEC 3.2): one
      * state read and one write per step whatever T is. Reading a state through the API folds first.
-     * CPU backend only for now: gdn_engine_create returns GDN_ENOTSUP on the CUDA backend. */
+     * Verified on the CPU backend; its CUDA kernels have not run on a GPU yet, so on the CUDA backend
+     * gdn_engine_create returns GDN_ENOTSUP unless the environment has GDN_EXPERIMENTAL_CUDA_REPLAY=1. */
     GDN_VERIFY_REPLAY = 1,
 } gdn_verify_strategy;
 
@@ -232,7 +233,8 @@ GDN_API gdn_status gdn_engine_config_validate(const gdn_engine_config *config);
  * slot tables). State pools start zeroed; A_log and dt_bias start at zero for every layer (set them
  * with gdn_engine_set_layer_params). Returns GDN_ECONFIG_* for a bad field, GDN_ENODEV when
  * GDN_BACKEND_CUDA was asked for and no GPU (or no CUDA support in this build) is there, GDN_ENOTSUP
- * for the replay strategy on the CUDA backend (AUTO included), GDN_ENOMEM when an allocation fails. On success *out is the new engine.
+ * for the replay strategy on the CUDA backend (AUTO included; see GDN_VERIFY_REPLAY), GDN_ENOMEM
+ * when an allocation fails. On success *out is the new engine.
  */
 GDN_API gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out);
 
