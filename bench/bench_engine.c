@@ -285,3 +285,130 @@ int gdn_bench_engine_main(int argc, char **argv)
     gdn_engine_destroy(e);
     return 0;
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* gdn-bench --strategies: the cache and replay verify strategies side by side (issue 5)            */
+/* ---------------------------------------------------------------------------------------------- */
+
+/*
+ * For each preset, state dtype and T: the device memory each strategy holds beyond the state pools
+ * (from the engine's own report; the same numbers on every backend), and, on the CUDA backend, the
+ * GPU time per layer of a verify step of T tokens plus its commit, in steady state (every slot holds
+ * the previous verify's accepted tokens, so the replay strategy's fold is included), against a decode
+ * step, for batch B. The replay strategy's CUDA path is experimental: this mode enables it.
+ *
+ *   gdn-bench --strategies [--slots N] [--batch B] [--layers L] [--json FILE]
+ */
+typedef struct strategy_row {
+    const char *preset;
+    gdn_dtype state;
+    int32_t tokens;
+    gdn_verify_strategy strategy;
+    double beyond_pools_pct;  /* memory beyond the pools, % of the pools */
+    double verify_us, decode_us; /* per layer, CUDA only (0 otherwise) */
+} strategy_row;
+
+static int time_strategy(gdn_engine *e, const int32_t *slots, int32_t batch, int32_t tokens, int32_t layers,
+                         cudaStream_t s, strategy_row *row)
+{
+    TRY_GDN(gdn_engine_synchronize(e, NULL));
+    for (int w = 0; w < 3; w++) /* steady state: each verify leaves accepted tokens pending */
+        if (issue_step(e, slots, batch, tokens, s) || issue_step(e, slots, batch, 1, s)) return -1;
+    double verify = 0, decode = 0;
+    if (time_on_gpu(e, slots, batch, tokens, layers, s, TIMED_STEPS, 1, &verify)) return -1;
+    if (time_on_gpu(e, slots, batch, 1, layers, s, TIMED_STEPS, 1, &decode)) return -1;
+    row->verify_us = verify / layers;
+    row->decode_us = decode / layers;
+    return 0;
+}
+
+int gdn_bench_strategies_main(int argc, char **argv);
+
+int gdn_bench_strategies_main(int argc, char **argv)
+{
+    int32_t num_slots = 1024, batch = 64, layers = 4;
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--slots") && v) num_slots = atoi(argv[++i]);
+        else if (!strcmp(a, "--batch") && v) batch = atoi(argv[++i]);
+        else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
+        else if (!strcmp(a, "--json") && v) json = argv[++i];
+        else {
+            fprintf(stderr, "usage: gdn-bench --strategies [--slots N] [--batch B] [--layers L] [--json FILE]\n");
+            return 2;
+        }
+    }
+    setenv("GDN_EXPERIMENTAL_CUDA_REPLAY", "1", 1);
+    static const char *const preset_names[] = {"qwen3-next", "qwen3.5"};
+    static const gdn_dtype states[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    static const int32_t token_counts[] = {4, 8};
+    strategy_row rows[32];
+    int n_rows = 0;
+    cudaStream_t s = NULL;
+    int gpu = 0;
+    printf("%-10s %5s %2s %-7s | %16s | %16s %10s %8s\n", "preset", "state", "T", "verify", "beyond pools %",
+           "verify+commit us", "decode us", "ratio");
+    for (int pi = 0; pi < 2; pi++)
+        for (int si = 0; si < 2; si++)
+            for (int ti = 0; ti < 2; ti++)
+                for (int strategy = 0; strategy < 2; strategy++) {
+                    gdn_model_config model;
+                    TRY_GDN(gdn_model_preset(preset_names[pi], layers, &model));
+                    gdn_engine_config c;
+                    TRY_GDN(gdn_engine_config_init(&c, &model));
+                    c.state_dtype = states[si];
+                    c.num_slots = num_slots;
+                    c.max_batch = batch;
+                    c.max_tokens = token_counts[ti];
+                    c.verify_strategy = strategy ? GDN_VERIFY_REPLAY : GDN_VERIFY_CACHE;
+                    c.graph_mode = GDN_GRAPHS_LAZY;
+                    gdn_engine *e = NULL;
+                    TRY_GDN(gdn_engine_create(&c, &e));
+                    gdn_memory_report m;
+                    TRY_GDN(gdn_engine_memory(e, &m));
+                    strategy_row *r = &rows[n_rows++];
+                    *r = (strategy_row){.preset = preset_names[pi], .state = states[si], .tokens = token_counts[ti],
+                                        .strategy = c.verify_strategy};
+                    r->beyond_pools_pct = 100.0 * (double)(m.verify_cache + m.token_store) / (double)m.state_pools;
+                    gpu = gdn_engine_backend(e) == GDN_BACKEND_CUDA;
+                    if (gpu) {
+                        if (!s) TRY_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+                        int32_t *slots = malloc(sizeof(int32_t) * (size_t)batch), *accepted = malloc(sizeof(int32_t) * (size_t)batch);
+                        for (int32_t i = 0; i < batch; i++) {
+                            TRY_GDN(gdn_slot_alloc(e, &slots[i]));
+                            accepted[i] = 1 + i % token_counts[ti]; /* 1..T, mean about T/2 */
+                        }
+                        if (fill_inputs(e, gdn_engine_get_config(e))) return 1;
+                        TRY_GDN(gdn_engine_upload(e, gdn_engine_accepted(e), accepted, sizeof(int32_t) * (size_t)batch, NULL));
+                        if (time_strategy(e, slots, batch, token_counts[ti], layers, s, r)) return 1;
+                        TRY_GDN(gdn_engine_check_device_error(e, s));
+                        free(slots), free(accepted);
+                    }
+                    printf("%-10s %5s %2d %-7s | %16.2f | ", r->preset, r->state == GDN_DTYPE_F32 ? "f32" : "bf16",
+                           r->tokens, strategy ? "replay" : "cache", r->beyond_pools_pct);
+                    if (gpu) printf("%16.2f %10.2f %8.3f\n", r->verify_us, r->decode_us, r->verify_us / r->decode_us);
+                    else printf("%16s %10s %8s\n", "n/a", "n/a", "n/a");
+                    gdn_engine_destroy(e);
+                }
+    if (!gpu) printf("(no GPU: memory only; the engines ran on the CPU backend, whose allocations are the same)\n");
+    if (json) {
+        FILE *f = fopen(json, "w");
+        if (!f) {
+            perror(json);
+            return 1;
+        }
+        fprintf(f, "{\"mode\": \"strategies\", \"slots\": %d, \"batch\": %d, \"layers\": %d, \"gpu\": %d, \"rows\": [\n",
+                num_slots, batch, layers, gpu);
+        for (int i = 0; i < n_rows; i++)
+            fprintf(f, "  {\"preset\": \"%s\", \"state\": \"%s\", \"T\": %d, \"strategy\": \"%s\", \"beyond_pools_pct\": %.3f, "
+                       "\"verify_commit_us\": %.3f, \"decode_us\": %.3f}%s\n", rows[i].preset,
+                    rows[i].state == GDN_DTYPE_F32 ? "f32" : "bf16", rows[i].tokens,
+                    rows[i].strategy == GDN_VERIFY_REPLAY ? "replay" : "cache", rows[i].beyond_pools_pct, rows[i].verify_us,
+                    rows[i].decode_us, i + 1 < n_rows ? "," : "");
+        fprintf(f, "]}\n");
+        fclose(f);
+    }
+    if (s) cudaStreamDestroy(s);
+    return 0;
+}

@@ -15,7 +15,8 @@
  *
  *   gdn-bench [--quick] [--preset qwen3-next,qwen3.5,tiny,wide] [--state f32,bf16] [--batch 1,2,...]
  *             [--tokens 1,2,...] [--commit] [--json FILE] [--no-time]
- *   gdn-bench --engine ...   the whole-engine step of a 36-layer model (bench_engine.c)
+ *   gdn-bench --engine ...       the whole-engine step of a 36-layer model (bench_engine.c)
+ *   gdn-bench --strategies ...   cache vs replay verify: memory beyond the pools, verify + commit time
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -732,11 +733,13 @@ static void write_json(const char *path, const result *rs, int n, const char *gp
     fclose(f);
 }
 
-int gdn_bench_engine_main(int argc, char **argv); /* bench_engine.c */
+int gdn_bench_engine_main(int argc, char **argv);     /* bench_engine.c */
+int gdn_bench_strategies_main(int argc, char **argv); /* bench_engine.c */
 
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--engine")) return gdn_bench_engine_main(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "--strategies")) return gdn_bench_strategies_main(argc - 1, argv + 1);
     options o = {0};
     o.time = 1, o.reps = 50;
     static const int def_batch[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}, def_tokens[] = {1, 2, 4, 8, 16};
