@@ -19,48 +19,16 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "gdn/gdn.h"
 #include "kernels/dtype_convert.h"
 
 int gdn_bench_engine_main(int argc, char **argv);
 int gdn_bench_spin(cudaStream_t stream, double milliseconds);
 
-#define TRY_GDN(expr)                                                                              \
-    do {                                                                                           \
-        gdn_status st_ = (expr);                                                                   \
-        if (st_ != GDN_OK) {                                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, gdn_status_name(st_));   \
-            return -1;                                                                             \
-        }                                                                                          \
-    } while (0)
 
-#define TRY_CUDA(expr)                                                                             \
-    do {                                                                                           \
-        cudaError_t err_ = (expr);                                                                 \
-        if (err_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-            return -1;                                                                             \
-        }                                                                                          \
-    } while (0)
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static int compare_doubles(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median_of(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, compare_doubles);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+static double now_us(void) { return 1e6 * bench_now_s(); }
+static double median_of(double *v, int n) { return bench_median(v, n); }
 
 typedef struct engine_row {
     int32_t bucket, tokens;
@@ -71,9 +39,9 @@ typedef struct engine_row {
 static int issue_step(gdn_engine *e, const int32_t *slots, int32_t batch, int32_t tokens, cudaStream_t s)
 {
     gdn_step step = {.kind = tokens == 1 ? GDN_STEP_DECODE : GDN_STEP_VERIFY, .tokens = tokens, .batch = batch, .slots = slots};
-    TRY_GDN(gdn_engine_begin_step(e, &step, s, NULL));
-    TRY_GDN(gdn_engine_run_step(e, s));
-    if (tokens > 1) TRY_GDN(gdn_engine_commit(e, s));
+    CHECK_GDN(gdn_engine_begin_step(e, &step, s, NULL));
+    CHECK_GDN(gdn_engine_run_step(e, s));
+    if (tokens > 1) CHECK_GDN(gdn_engine_commit(e, s));
     return 0;
 }
 
@@ -81,9 +49,9 @@ static int issue_step(gdn_engine *e, const int32_t *slots, int32_t batch, int32_
 static int issue_direct(gdn_engine *e, const int32_t *slots, int32_t batch, int32_t tokens, int32_t layers, cudaStream_t s)
 {
     gdn_step step = {.kind = tokens == 1 ? GDN_STEP_DECODE : GDN_STEP_VERIFY, .tokens = tokens, .batch = batch, .slots = slots};
-    TRY_GDN(gdn_engine_begin_step(e, &step, s, NULL));
-    for (int32_t l = 0; l < layers; l++) TRY_GDN(gdn_engine_run_layer(e, l, s));
-    if (tokens > 1) TRY_GDN(gdn_engine_commit(e, s));
+    CHECK_GDN(gdn_engine_begin_step(e, &step, s, NULL));
+    for (int32_t l = 0; l < layers; l++) CHECK_GDN(gdn_engine_run_layer(e, l, s));
+    if (tokens > 1) CHECK_GDN(gdn_engine_commit(e, s));
     return 0;
 }
 
@@ -99,21 +67,21 @@ static int time_on_gpu(gdn_engine *e, const int32_t *slots, int32_t bucket, int3
     const int steps = work == TIMED_STEPS ? 8 : 1;
     double samples[REPS];
     cudaEvent_t start, stop;
-    TRY_CUDA(cudaEventCreate(&start));
-    TRY_CUDA(cudaEventCreate(&stop));
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&stop));
     for (int r = 0; r < REPS; r++) {
-        TRY_CUDA(cudaStreamSynchronize(s));
+        CHECK_CUDA(cudaStreamSynchronize(s));
         if (behind_spin && gdn_bench_spin(s, 2.0)) return -1;
-        TRY_CUDA(cudaEventRecord(start, s));
+        CHECK_CUDA(cudaEventRecord(start, s));
         for (int i = 0; i < steps; i++) {
             const int failed = work == TIMED_STEPS ? issue_step(e, slots, bucket, tokens, s)
                                                    : issue_direct(e, slots, bucket, tokens, layers, s);
             if (failed) return -1;
         }
-        TRY_CUDA(cudaEventRecord(stop, s));
-        TRY_CUDA(cudaEventSynchronize(stop));
+        CHECK_CUDA(cudaEventRecord(stop, s));
+        CHECK_CUDA(cudaEventSynchronize(stop));
         float ms = 0;
-        TRY_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
         samples[r] = 1000.0 * ms / steps;
     }
     cudaEventDestroy(start);
@@ -128,14 +96,14 @@ static int measure(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t 
     enum { BURST = 12, BURSTS = 31 };
     for (int w = 0; w < 3; w++)
         if (issue_step(e, slots, bucket, tokens, s)) return -1;
-    TRY_CUDA(cudaStreamSynchronize(s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
 
     /* Host time: every step of bursts that stay well inside the staging ring, each burst after a
      * sync, timed one by one; the median of all of them (and the 90th percentile). */
     double host[BURSTS * BURST];
     int n_host = 0;
     for (int b = 0; b < BURSTS; b++) {
-        TRY_CUDA(cudaStreamSynchronize(s));
+        CHECK_CUDA(cudaStreamSynchronize(s));
         for (int i = 0; i < BURST; i++) {
             const double t0 = now_us();
             if (issue_step(e, slots, bucket, tokens, s)) return -1;
@@ -171,14 +139,14 @@ static int fill_inputs(gdn_engine *e, const gdn_engine_config *c)
     const size_t n_g = rows * (size_t)c->model.num_v_heads;
     for (int32_t l = 0; l < c->model.num_layers; l++) {
         gdn_layer_io io;
-        TRY_GDN(gdn_engine_layer_io(e, l, &io));
-        TRY_GDN(gdn_engine_upload(e, io.q, host, n_qk * 2, NULL));
-        TRY_GDN(gdn_engine_upload(e, io.k, host + 1, n_qk * 2, NULL));
-        TRY_GDN(gdn_engine_upload(e, io.v, host, n_v * 2, NULL));
-        TRY_GDN(gdn_engine_upload(e, io.a, host + 2, n_g * 2, NULL));
-        TRY_GDN(gdn_engine_upload(e, io.b, host + 3, n_g * 2, NULL));
+        CHECK_GDN(gdn_engine_layer_io(e, l, &io));
+        CHECK_GDN(gdn_engine_upload(e, io.q, host, n_qk * 2, NULL));
+        CHECK_GDN(gdn_engine_upload(e, io.k, host + 1, n_qk * 2, NULL));
+        CHECK_GDN(gdn_engine_upload(e, io.v, host, n_v * 2, NULL));
+        CHECK_GDN(gdn_engine_upload(e, io.a, host + 2, n_g * 2, NULL));
+        CHECK_GDN(gdn_engine_upload(e, io.b, host + 3, n_g * 2, NULL));
     }
-    TRY_GDN(gdn_engine_synchronize(e, NULL));
+    CHECK_GDN(gdn_engine_synchronize(e, NULL));
     free(host);
     return 0;
 }
@@ -214,9 +182,9 @@ int gdn_bench_engine_main(int argc, char **argv)
         if (tokens[i] > max_tokens) max_tokens = tokens[i];
 
     gdn_model_config model;
-    TRY_GDN(gdn_model_preset("qwen3-next", layers, &model));
+    CHECK_GDN(gdn_model_preset("qwen3-next", layers, &model));
     gdn_engine_config c;
-    TRY_GDN(gdn_engine_config_init(&c, &model));
+    CHECK_GDN(gdn_engine_config_init(&c, &model));
     c.state_dtype = state;
     c.num_slots = max_batch;
     c.max_batch = max_batch;
@@ -226,11 +194,11 @@ int gdn_bench_engine_main(int argc, char **argv)
     c.graph_progress = progress;
     gdn_engine *e = NULL;
     const double t_create = now_us();
-    TRY_GDN(gdn_engine_create(&c, &e));
+    CHECK_GDN(gdn_engine_create(&c, &e));
     const double create_ms = (now_us() - t_create) / 1000.0;
     const gdn_engine_config *rc = gdn_engine_get_config(e);
     gdn_memory_report mem;
-    TRY_GDN(gdn_engine_memory(e, &mem));
+    CHECK_GDN(gdn_engine_memory(e, &mem));
     printf("engine: qwen3-next x %d layers, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets; created in %.0f ms"
            " (graphs included)\n", layers, state == GDN_DTYPE_F32 ? "f32" : "bf16", max_batch, max_batch, max_tokens,
            rc->num_buckets, create_ms);
@@ -238,14 +206,14 @@ int gdn_bench_engine_main(int argc, char **argv)
            mem.state_pools / 1073741824.0, mem.verify_cache / 1073741824.0, mem.io_buffers / 1073741824.0,
            mem.total / 1073741824.0);
     int32_t *slots = malloc(sizeof(int32_t) * (size_t)max_batch);
-    for (int32_t i = 0; i < max_batch; i++) TRY_GDN(gdn_slot_alloc(e, &slots[i]));
-    for (int32_t i = 0; i < max_batch; i++) TRY_GDN(gdn_slot_reset(e, slots[i], NULL));
+    for (int32_t i = 0; i < max_batch; i++) CHECK_GDN(gdn_slot_alloc(e, &slots[i]));
+    for (int32_t i = 0; i < max_batch; i++) CHECK_GDN(gdn_slot_reset(e, slots[i], NULL));
     if (fill_inputs(e, rc)) return 1;
     int32_t *accepted = malloc(sizeof(int32_t) * (size_t)max_batch);
     for (int32_t i = 0; i < max_batch; i++) accepted[i] = 1 + i % 2;
-    TRY_GDN(gdn_engine_upload(e, gdn_engine_accepted(e), accepted, sizeof(int32_t) * (size_t)max_batch, NULL));
+    CHECK_GDN(gdn_engine_upload(e, gdn_engine_accepted(e), accepted, sizeof(int32_t) * (size_t)max_batch, NULL));
     cudaStream_t s;
-    TRY_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
     const int32_t bucket_list[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
     engine_row rows[64];
@@ -263,7 +231,7 @@ int gdn_bench_engine_main(int argc, char **argv)
             n_rows++;
         }
     }
-    TRY_GDN(gdn_engine_check_device_error(e, s));
+    CHECK_GDN(gdn_engine_check_device_error(e, s));
     if (json) {
         FILE *f = fopen(json, "w");
         if (!f) {
@@ -311,7 +279,7 @@ typedef struct strategy_row {
 static int time_strategy(gdn_engine *e, const int32_t *slots, int32_t batch, int32_t tokens, int32_t layers,
                          cudaStream_t s, strategy_row *row)
 {
-    TRY_GDN(gdn_engine_synchronize(e, NULL));
+    CHECK_GDN(gdn_engine_synchronize(e, NULL));
     for (int w = 0; w < 3; w++) /* steady state: each verify leaves accepted tokens pending */
         if (issue_step(e, slots, batch, tokens, s) || issue_step(e, slots, batch, 1, s)) return -1;
     double verify = 0, decode = 0;
@@ -354,9 +322,9 @@ int gdn_bench_strategies_main(int argc, char **argv)
             for (int ti = 0; ti < 2; ti++)
                 for (int strategy = 0; strategy < 2; strategy++) {
                     gdn_model_config model;
-                    TRY_GDN(gdn_model_preset(preset_names[pi], layers, &model));
+                    CHECK_GDN(gdn_model_preset(preset_names[pi], layers, &model));
                     gdn_engine_config c;
-                    TRY_GDN(gdn_engine_config_init(&c, &model));
+                    CHECK_GDN(gdn_engine_config_init(&c, &model));
                     c.state_dtype = states[si];
                     c.num_slots = num_slots;
                     c.max_batch = batch;
@@ -364,25 +332,25 @@ int gdn_bench_strategies_main(int argc, char **argv)
                     c.verify_strategy = strategy ? GDN_VERIFY_REPLAY : GDN_VERIFY_CACHE;
                     c.graph_mode = GDN_GRAPHS_LAZY;
                     gdn_engine *e = NULL;
-                    TRY_GDN(gdn_engine_create(&c, &e));
+                    CHECK_GDN(gdn_engine_create(&c, &e));
                     gdn_memory_report m;
-                    TRY_GDN(gdn_engine_memory(e, &m));
+                    CHECK_GDN(gdn_engine_memory(e, &m));
                     strategy_row *r = &rows[n_rows++];
                     *r = (strategy_row){.preset = preset_names[pi], .state = states[si], .tokens = token_counts[ti],
                                         .strategy = c.verify_strategy};
                     r->beyond_pools_pct = 100.0 * (double)(m.verify_cache + m.token_store) / (double)m.state_pools;
                     gpu = gdn_engine_backend(e) == GDN_BACKEND_CUDA;
                     if (gpu) {
-                        if (!s) TRY_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+                        if (!s) CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
                         int32_t *slots = malloc(sizeof(int32_t) * (size_t)batch), *accepted = malloc(sizeof(int32_t) * (size_t)batch);
                         for (int32_t i = 0; i < batch; i++) {
-                            TRY_GDN(gdn_slot_alloc(e, &slots[i]));
+                            CHECK_GDN(gdn_slot_alloc(e, &slots[i]));
                             accepted[i] = 1 + i % token_counts[ti]; /* 1..T, mean about T/2 */
                         }
                         if (fill_inputs(e, gdn_engine_get_config(e))) return 1;
-                        TRY_GDN(gdn_engine_upload(e, gdn_engine_accepted(e), accepted, sizeof(int32_t) * (size_t)batch, NULL));
+                        CHECK_GDN(gdn_engine_upload(e, gdn_engine_accepted(e), accepted, sizeof(int32_t) * (size_t)batch, NULL));
                         if (time_strategy(e, slots, batch, token_counts[ti], layers, s, r)) return 1;
-                        TRY_GDN(gdn_engine_check_device_error(e, s));
+                        CHECK_GDN(gdn_engine_check_device_error(e, s));
                         free(slots), free(accepted);
                     }
                     printf("%-10s %5s %2d %-7s | %16.2f | ", r->preset, r->state == GDN_DTYPE_F32 ? "f32" : "bf16",

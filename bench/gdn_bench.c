@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "kernels/dtype_convert.h"
 #include "kernels/gdn_cuda.h"
 #include "kernels/ref/gdn_ref.h"
@@ -33,24 +34,6 @@
 /* ---------------------------------------------------------------------------------------------- */
 /* Helpers                                                                                          */
 /* ---------------------------------------------------------------------------------------------- */
-
-#define CHECK_CUDA(expr)                                                                           \
-    do {                                                                                           \
-        cudaError_t err_ = (expr);                                                                 \
-        if (err_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-            return -1;                                                                             \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK_GDN(expr)                                                                            \
-    do {                                                                                           \
-        gdn_status st_ = (expr);                                                                   \
-        if (st_ != GDN_OK) {                                                                       \
-            fprintf(stderr, "%s:%d: %s: status %d\n", __FILE__, __LINE__, #expr, (int)st_);        \
-            return -1;                                                                             \
-        }                                                                                          \
-    } while (0)
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -77,24 +60,8 @@ static void fill_normal(void *dst, gdn_dtype dtype, int64_t n, double sigma)
     for (int64_t i = 0; i < n; i++) gdn__store_f32(dst, dtype, i, (float)(sigma * rng_normal()));
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+static double now_s(void) { return bench_now_s(); }
+static double median(double *v, int n) { return bench_median(v, n); }
 
 static size_t dsize(gdn_dtype d) { return d == GDN_DTYPE_F32 ? 4 : 2; }
 static const char *dname(gdn_dtype d) { return d == GDN_DTYPE_F32 ? "f32" : d == GDN_DTYPE_BF16 ? "bf16" : "f16"; }

@@ -107,6 +107,17 @@ template <typename I, int NV, int EV, int RT> struct token_inputs {
 /* Kernel template                                                                                  */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* Stores the thread's state rows (rounded once to S) into a head's [V, K] block at dst. */
+template <int K, typename S, typename Geo>
+__device__ __forceinline__ void store_rows(S *dst, const float (&st)[Geo::RT][Geo::NV][Geo::EV], int row0, int glane)
+{
+#pragma unroll
+    for (int rt = 0; rt < Geo::RT; rt++)
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+            gdn__store_vec<S, Geo::EV>(dst + (int64_t)(row0 + rt * Geo::G) * K + (n * Geo::L + glane) * Geo::EV, st[rt][n]);
+}
+
 /* Replay verify: saves this thread's share of token `tok`'s raw inputs (before normalisation; exact
  * in the input type) as stored token t of bank `which` of slot w: v of its rows (one lane a row), k
  * of key head kh (one lane group of the first CTA of the group's first value head), a and b of head h
@@ -206,14 +217,8 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
         } else {
             cur.load(p, kp, qp, vp, ap, bp, i * T + t, kh, h, row0, G, glane, L);
         }
-        if (REPLAY && p.replay_verify && t == 0) { /* the pool gets the folded state; own tokens stay pending */
-            S *dst = static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems;
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-                for (int n = 0; n < NV; n++)
-                    gdn__store_vec<S, EV>(dst + (int64_t)(row0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
-        }
+        if (REPLAY && p.replay_verify && t == 0) /* the pool gets the folded state; own tokens stay pending */
+            store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, row0, glane);
         if (REPLAY && p.replay_verify && t >= 0)
             store_token<K, I, NV, EV, RT, L, G>(p, cur.v, cur.a, cur.b, i * T + t, w, 1 - bank, t, kh, h, tile, row0,
                                                 glane);
@@ -288,14 +293,8 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
         }
     }
 
-    if (!cache && !(REPLAY && p.replay_verify)) {
-        S *dst = static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems;
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-            for (int n = 0; n < NV; n++)
-                gdn__store_vec<S, EV>(dst + (int64_t)(row0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
-    }
+    if (!cache && !(REPLAY && p.replay_verify))
+        store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, row0, glane);
 
     if (REPLAY) { /* the last CTA of the row, once every CTA has read pending[r] and bank[r] */
         __syncthreads();
