@@ -285,3 +285,58 @@ scenario_result run_scenario(const scenario_options *o)
     gdn_engine_destroy(e);
     return result;
 }
+
+/* K != V and the L2 norm off, through a decode step and a verify + commit, against the reference. */
+void run_odd_geometry_steps(gdn_backend_kind backend)
+{
+    gdn_engine_config c = test_config("tiny", 2, GDN_DTYPE_F32, 6, 4, 3);
+    c.model.head_dim_k = 128, c.model.head_dim_v = 64, c.model.use_qk_l2norm = 0, c.model.scale = 0.05f;
+    c.output_dtype = GDN_DTYPE_F32;
+    c.backend = backend;
+    test_rng rng = test_rng_seeded(77);
+    float *params;
+    gdn_engine *e = test_engine_create(&c, &rng, &params);
+    c = *gdn_engine_get_config(e);
+    const size_t elems = test_state_elems(e);
+    cr_assert_eq(elems, 4 * 64 * 128);
+    int32_t slots[3];
+    for (int i = 0; i < 3; i++) {
+        gdn_slot_alloc(e, &slots[i]);
+        test_fill_slot_state(e, slots[i], &rng);
+    }
+    const int32_t rows[] = {2, 0};
+    for (int verify = 0; verify < 2; verify++) {
+        const int32_t T = verify ? 3 : 1, accepted[] = {2, 3};
+        double *before[2][2], out[3 * 4 * 64];
+        for (int i = 0; i < 2; i++)
+            for (int32_t l = 0; l < 2; l++) before[i][l] = test_read_state(e, l, rows[i]);
+        test_inputs in[2];
+        for (int32_t l = 0; l < 2; l++) test_write_inputs(e, l, 2, T, &rng, &in[l]), test_poison_outputs(e, l);
+        test_run_step(e, verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, T, 2, rows, NULL);
+        if (verify) {
+            test_set_accepted(e, accepted, 2);
+            cr_assert_eq(gdn_engine_commit(e, NULL), GDN_OK);
+        }
+        for (int32_t l = 0; l < 2; l++) {
+            double *o = test_read_outputs(e, l, 2, T);
+            for (int i = 0; i < 2; i++) {
+                double scratch_state[4 * 64 * 128];
+                memcpy(scratch_state, before[i][l], sizeof scratch_state);
+                test_reference_row(&c, &in[l], i, T, params + l * 8, params + l * 8 + 4, scratch_state, out);
+                const double ratio = test_error_ratio(o + (size_t)i * T * 4 * 64, out, (size_t)T * 4 * 64, 1e-2, 1e-2);
+                cr_assert_leq(ratio, 1.0, "layer %d row %d outputs at %.0f%%", l, i, 100 * ratio);
+                const int32_t keep = verify ? accepted[i] : 1;
+                test_reference_row(&c, &in[l], i, keep, params + l * 8, params + l * 8 + 4, before[i][l], NULL);
+                double *now = test_read_state(e, l, rows[i]);
+                const double sr = test_error_ratio(now, before[i][l], elems, 1e-2, 1e-2);
+                cr_assert_leq(sr, 1.0, "layer %d row %d state at %.0f%%", l, i, 100 * sr);
+                free(now), free(before[i][l]);
+            }
+            free(o);
+            test_inputs_free(&in[l]);
+        }
+    }
+    free(params);
+    gdn_engine_destroy(e);
+}
+

@@ -35,4 +35,8 @@ typedef struct scenario_result {
 /* Runs the scenario, asserting (Criterion) at every step; returns the statistics. */
 scenario_result run_scenario(const scenario_options *options);
 
+/* K = 128 != V = 64 with the L2 norm off and a custom scale: a decode step and a verify + commit on
+ * `backend`, outputs and states against the float64 reference. */
+void run_odd_geometry_steps(gdn_backend_kind backend);
+
 #endif /* GDN_TESTS_SCENARIO_H */

@@ -11,6 +11,7 @@
 #include "engine/alloc.h"
 #include "kernels/dtype_convert.h"
 #include "kernels/ref/gdn_ref.h"
+#include "scenario.h"
 #include "support.h"
 
 typedef struct fixture {
@@ -755,3 +756,5 @@ Test(engine, null_engine_queries_are_safe)
     cr_assert_eq(gdn_engine_state_pool(NULL, 0, NULL), GDN_EINVAL);
     cr_assert_eq(gdn_engine_layer_io(NULL, 0, NULL), GDN_EINVAL);
 }
+
+Test(engine, k_not_equal_v_and_l2norm_off) { run_odd_geometry_steps(GDN_BACKEND_CPU); }

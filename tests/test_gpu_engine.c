@@ -318,6 +318,12 @@ Test(gpu_engine, replay_strategy_is_refused_until_its_kernels_exist)
     cr_assert_null(e);
 }
 
+Test(gpu_engine, k_not_equal_v_and_l2norm_off)
+{
+    test_require_gpu();
+    run_odd_geometry_steps(GDN_BACKEND_CUDA);
+}
+
 /* The replay strategy's CUDA kernels, enabled on request: the same scenarios as on the CPU backend
  * against the host model with the replay rounding points, and the bf16 closeness comparison. */
 Test(gpu_engine, experimental_replay_strategy_matches_the_host_model, .timeout = 900)
