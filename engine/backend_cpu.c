@@ -11,8 +11,9 @@
 
 typedef struct cpu_backend {
     void *scratch;      /* gdn__ref_scratch_bytes() */
-    int32_t *staged;    /* the staged rows of the next step */
+    int32_t *staged;    /* the staged rows of the next step, then its clears */
     int32_t staged_count;
+    int32_t staged_clears;
     int32_t staging_capacity;
 } cpu_backend;
 
@@ -43,12 +44,23 @@ static gdn_status cpu_copy(void *ctx, void *dst, const void *src, size_t bytes, 
     return GDN_OK;
 }
 
-static gdn_status cpu_stage_rows(void *ctx, const int32_t *rows, int32_t count)
+static gdn_status cpu_stage_rows(void *ctx, const int32_t *rows, int32_t count, const int32_t *clears, int32_t n_clears)
 {
     cpu_backend *cpu = ctx;
-    if (count < 0 || count > cpu->staging_capacity) return GDN_EINVAL;
+    if (count < 0 || n_clears < 0 || (int64_t)count + n_clears > cpu->staging_capacity) return GDN_EINVAL;
     memcpy(cpu->staged, rows, sizeof(int32_t) * (size_t)count);
+    if (n_clears) memcpy(cpu->staged + count, clears, sizeof(int32_t) * (size_t)n_clears);
     cpu->staged_count = count;
+    cpu->staged_clears = n_clears;
+    return GDN_OK;
+}
+
+static gdn_status cpu_clear_pending(void *ctx, int32_t *pending, int32_t num_layers, int64_t num_slots, void *stream)
+{
+    (void)stream;
+    cpu_backend *cpu = ctx;
+    for (int32_t c = 0; c < cpu->staged_clears; c++)
+        for (int32_t l = 0; l < num_layers; l++) pending[l * num_slots + cpu->staged[cpu->staged_count + c]] = 0;
     return GDN_OK;
 }
 
@@ -108,6 +120,7 @@ static const gdn__backend_iface cpu_iface = {
     .stage_rows = cpu_stage_rows,
     .fetch_rows = cpu_fetch_rows,
     .consume_rows = cpu_consume_rows,
+    .clear_pending = cpu_clear_pending,
     .layer_step = cpu_layer_step,
     .commit = cpu_commit,
     .synchronize = cpu_synchronize,

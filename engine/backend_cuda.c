@@ -83,14 +83,16 @@ static gdn_status cuda_copy(void *ctx, void *dst, const void *src, size_t bytes,
     return GDN_OK;
 }
 
-static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count)
+static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count, const int32_t *clears, int32_t n_clears)
 {
     cuda_backend *cu = ctx;
-    if (count < 0 || count > cu->entry_stride - 1) return GDN_EINVAL;
+    if (count < 0 || n_clears < 0 || (int64_t)count + n_clears + 2 > cu->entry_stride) return GDN_EINVAL;
     /* Back-pressure only: the entry is free once the device consumed the step a ring ago. */
     while (cu->host_seq - *cu->done >= ROW_RING_ENTRIES) sched_yield();
     int32_t *entry = cu->ring + (size_t)(cu->host_seq % ROW_RING_ENTRIES) * (size_t)cu->entry_stride;
     memcpy(entry + 1, rows, sizeof(int32_t) * (size_t)count);
+    entry[1 + count] = n_clears; /* read only by the replay strategy's clear kernel */
+    if (n_clears) memcpy(entry + 2 + count, clears, sizeof(int32_t) * (size_t)n_clears);
     entry[0] = count;
     atomic_thread_fence(memory_order_release); /* the entry is complete before any launch that reads it */
     return GDN_OK;
@@ -113,6 +115,21 @@ static gdn_status cuda_fetch_rows(void *ctx, int32_t *dst, void *stream)
 }
 
 static void cuda_consume_rows(void *ctx) { ((cuda_backend *)ctx)->host_seq++; }
+
+static gdn_status cuda_clear_pending(void *ctx, int32_t *pending, int32_t num_layers, int64_t num_slots, void *stream)
+{
+    cuda_backend *cu = ctx;
+    const gdn__fetch_params p = {
+        .ring = cu->ring,
+        .ring_entries = ROW_RING_ENTRIES,
+        .entry_stride = cu->entry_stride,
+        .device_seq = cu->device_seq,
+        .host_done = (long long *)cu->done,
+    };
+    gdn_status status = gdn__cuda_clear_pending(&p, pending, num_layers, num_slots, stream);
+    if (status == GDN_ECUDA) record_error(cu, cudaGetLastError(), "gdn__cuda_clear_pending", __LINE__);
+    return status;
+}
 
 static gdn_status cuda_layer_step(void *ctx, const gdn__layer_params *params, void *stream)
 {
@@ -188,6 +205,7 @@ static const gdn__backend_iface cuda_iface = {
     .stage_rows = cuda_stage_rows,
     .fetch_rows = cuda_fetch_rows,
     .consume_rows = cuda_consume_rows,
+    .clear_pending = cuda_clear_pending,
     .layer_step = cuda_layer_step,
     .commit = cuda_commit,
     .synchronize = cuda_synchronize,
@@ -211,7 +229,7 @@ gdn_status gdn__backend_cuda_create(int32_t device, size_t staging_bytes, gdn__b
     if (!cu) return GDN_ENOMEM;
     cu->device = device;
     /* Entries of 16-byte multiples: the count, the rows, padding. */
-    cu->entry_stride = (int32_t)((staging_bytes / sizeof(int32_t) + 1 + 3) & ~(size_t)3);
+    cu->entry_stride = (int32_t)((staging_bytes / sizeof(int32_t) + 2 + 3) & ~(size_t)3);
     gdn_status status = GDN_OK;
     const size_t ring_bytes = (size_t)ROW_RING_ENTRIES * (size_t)cu->entry_stride * sizeof(int32_t);
     void *block = NULL;

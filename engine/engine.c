@@ -52,6 +52,9 @@ struct gdn_engine {
     gdn_layer_io *io;     /* host [L] */
     uint8_t *layer_ran;   /* host [L] */
     int32_t *row_staging; /* host [2 * max_batch]: padded read then write slots, as uploaded */
+    int32_t *clear_list;  /* replay: host [num_slots]: freed slots whose pending counts the next step clears */
+    uint8_t *clear_flag;  /* replay: host [num_slots]: in clear_list */
+    int32_t clear_count;
     step_state step;
 
     /* Step graphs (backends with graph support, graph_mode != OFF). */
@@ -170,6 +173,11 @@ static gdn_status allocate_everything(gdn_engine *e)
     e->row_staging = gdn__calloc(2 * (size_t)c->max_batch, sizeof *e->row_staging);
     e->capture_ran = gdn__calloc((size_t)L, sizeof *e->capture_ran);
     if (!e->io || !e->layer_ran || !e->row_staging || !e->capture_ran) return GDN_ENOMEM;
+    if (replay(e)) {
+        e->clear_list = gdn__calloc((size_t)c->num_slots, sizeof *e->clear_list);
+        e->clear_flag = gdn__calloc((size_t)c->num_slots, sizeof *e->clear_flag);
+        if (!e->clear_list || !e->clear_flag) return GDN_ENOMEM;
+    }
     e->use_graphs = e->backend.iface->graph_launch != NULL && c->graph_mode != GDN_GRAPHS_OFF;
     if (e->use_graphs && (status = gdn__graph_cache_init(&e->graphs, c->num_buckets, c->max_tokens)) != GDN_OK)
         return status;
@@ -224,6 +232,8 @@ static void release_everything(gdn_engine *e)
     gdn__graph_cache_release(&e->graphs);
     gdn__slots_release(&e->slots);
     gdn__free(e->capture_ran);
+    gdn__free(e->clear_list);
+    gdn__free(e->clear_flag);
     gdn__free(e->io);
     gdn__free(e->layer_ran);
     gdn__free(e->row_staging);
@@ -245,7 +255,10 @@ gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
     gdn_engine *e = gdn__calloc(1, sizeof *e);
     if (!e) return GDN_ENOMEM;
     e->config = resolved;
-    status = create_backend(&resolved, 2 * (size_t)resolved.max_batch * sizeof(int32_t), &e->backend);
+    /* Staging: a step's read and write rows, and (replay) up to every slot as a pending clear. */
+    const size_t staged_values = 2 * (size_t)resolved.max_batch +
+                                 (resolved.verify_strategy == GDN_VERIFY_REPLAY ? (size_t)resolved.num_slots : 0);
+    status = create_backend(&resolved, staged_values * sizeof(int32_t), &e->backend);
     /* The replay strategy's CUDA kernels have not run on a GPU yet: only on request. */
     const char *experimental = getenv("GDN_EXPERIMENTAL_CUDA_REPLAY");
     const int cuda_replay_allowed = experimental && strcmp(experimental, "1") == 0;
@@ -332,7 +345,12 @@ gdn_status gdn_slot_free(gdn_engine *e, int32_t slot)
     gdn_status status = gdn__slots_check_live(&e->slots, slot);
     if (status != GDN_OK) return status;
     if (step_needs_slot(e, slot)) return GDN_ESLOT_BUSY;
-    return gdn__slots_free(&e->slots, slot);
+    status = gdn__slots_free(&e->slots, slot);
+    if (status == GDN_OK && replay(e) && !e->clear_flag[slot]) { /* the next step clears its pending tokens */
+        e->clear_flag[slot] = 1;
+        e->clear_list[e->clear_count++] = slot;
+    }
+    return status;
 }
 
 static size_t slot_state_bytes(const gdn_engine *e)
@@ -364,7 +382,10 @@ static gdn_status flush_slot(gdn_engine *e, int32_t slot)
 {
     if (!replay(e)) return GDN_OK;
     const gdn__backend_iface *b = e->backend.iface;
-    gdn_status status = b->upload(e->backend.ctx, flush_row_buffer(e), &slot, sizeof slot, NULL);
+    gdn_status status = GDN_OK;
+    if (e->clear_flag[slot]) /* freed since the last step: its pending tokens belong to the last owner */
+        status = clear_pending(e, slot, NULL);
+    if (status == GDN_OK) status = b->upload(e->backend.ctx, flush_row_buffer(e), &slot, sizeof slot, NULL);
     for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++) {
         gdn__layer_params p;
         fill_layer_params(e, l, GDN_STEP_DECODE, 0, 1, &p);
@@ -508,7 +529,7 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
     }
     (void)stream; /* the rows reach the device with the step's first work (fetch_rows) */
     if (step->batch > 0) {
-        status = e->backend.iface->stage_rows(e->backend.ctx, staged_read, 2 * bucket);
+        status = e->backend.iface->stage_rows(e->backend.ctx, staged_read, 2 * bucket, e->clear_list, e->clear_count);
         if (status != GDN_OK) {
             e->step.active = 0; /* the staging may be half-written: no step can run on it */
             return status;
@@ -595,13 +616,29 @@ static void fill_commit_params(const gdn_engine *e, int32_t tokens, int32_t buck
     };
 }
 
+/* Replay: the staged clears of freed slots' pending counts, every layer (before the rows' fetch). */
+static gdn_status clear_staged_pending(gdn_engine *e, void *stream)
+{
+    return e->backend.iface->clear_pending(e->backend.ctx, pending_buffer(e, 0), e->config.model.num_layers,
+                                           e->config.num_slots, stream);
+}
+
+/* The staged rows (and clears) went to the device with the work just launched. */
+static void rows_consumed(gdn_engine *e)
+{
+    e->backend.iface->consume_rows(e->backend.ctx);
+    for (int32_t c = 0; c < e->clear_count; c++) e->clear_flag[e->clear_list[c]] = 0;
+    e->clear_count = 0;
+}
+
 /* Direct launches: the step's rows reach the device before its first kernel. */
 static gdn_status ensure_rows(gdn_engine *e, void *stream)
 {
     if (e->step.rows_fetched) return GDN_OK;
-    gdn_status status = e->backend.iface->fetch_rows(e->backend.ctx, read_slots_buffer(e), stream);
+    gdn_status status = replay(e) ? clear_staged_pending(e, stream) : GDN_OK;
+    if (status == GDN_OK) status = e->backend.iface->fetch_rows(e->backend.ctx, read_slots_buffer(e), stream);
     if (status != GDN_OK) return status;
-    e->backend.iface->consume_rows(e->backend.ctx);
+    rows_consumed(e);
     e->step.rows_fetched = 1;
     return GDN_OK;
 }
@@ -671,7 +708,8 @@ static gdn_status capture_graph(gdn_engine *e, const gdn__graph_key *key, int32_
         fill_commit_params(e, key->tokens, key->bucket, &p);
         status = b->commit(e->backend.ctx, &p, capture_stream);
     } else { /* a step: the copy of its rows from the host mailbox, then its work */
-        status = b->fetch_rows(e->backend.ctx, read_slots_buffer(e), capture_stream);
+        status = replay(e) ? clear_staged_pending(e, capture_stream) : GDN_OK;
+        if (status == GDN_OK) status = b->fetch_rows(e->backend.ctx, read_slots_buffer(e), capture_stream);
         if (status == GDN_OK) status = step_work(e, (gdn_step_kind)key->kind, key->tokens, key->bucket, capture_stream);
         if (status == GDN_OK && e->capture_layers != e->config.model.num_layers) status = GDN_EMISUSE;
     }
@@ -732,7 +770,7 @@ gdn_status gdn_engine_run_step(gdn_engine *e, void *stream)
     }
     gdn_status status = e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream);
     if (status != GDN_OK) return status;
-    e->backend.iface->consume_rows(e->backend.ctx); /* the graph's first node fetched them */
+    rows_consumed(e); /* the graph's first nodes fetched them */
     st->rows_fetched = 1;
     memset(e->layer_ran, 1, (size_t)L);
     st->layers_done = L;

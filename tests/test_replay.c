@@ -105,3 +105,46 @@ Test(replay, pending_tokens_are_folded_before_a_read_and_dropped_by_a_write)
     free(params);
     gdn_engine_destroy(e);
 }
+
+Test(replay, a_freed_slot_does_not_hand_its_pending_tokens_to_the_next_request)
+{
+    gdn_engine_config c = test_config("tiny", 1, GDN_DTYPE_F32, 2, 1, 3);
+    c.verify_strategy = GDN_VERIFY_REPLAY;
+    test_rng rng = test_rng_seeded(12);
+    float *params;
+    gdn_engine *e = test_engine_create(&c, &rng, &params);
+    const gdn_engine_config *rc = gdn_engine_get_config(e);
+    int32_t s, again;
+    gdn_slot_alloc(e, &s);
+    test_fill_slot_state(e, s, &rng);
+    test_inputs in;
+    test_write_inputs(e, 0, 1, 3, &rng, &in);
+    test_run_step(e, GDN_STEP_VERIFY, 3, 1, &s, NULL);
+    const int32_t accepted[] = {3};
+    test_set_accepted(e, accepted, 1);
+    cr_assert_eq(gdn_engine_commit(e, NULL), GDN_OK); /* three tokens now pending on slot s */
+    test_inputs_free(&in);
+    cr_assert_eq(gdn_slot_free(e, s), GDN_OK);
+    cr_assert_eq(gdn_slot_alloc(e, &again), GDN_OK);
+    cr_assert_eq(again, s, "the freed slot is handed out again");
+    /* The new request's state goes straight into the pool (CPU backend: host memory), as a prefill
+     * kernel would write it; the stale tokens must not be folded into it. */
+    gdn_state_pool pool;
+    gdn_engine_state_pool(e, 0, &pool);
+    const size_t elems = test_state_elems(e);
+    float *slot_state = (float *)pool.data + (size_t)again * (size_t)pool.slot_stride;
+    double *expected = malloc(sizeof(double) * elems);
+    for (size_t j = 0; j < elems; j++) slot_state[j] = (float)(0.1 * test_rng_normal(&rng)), expected[j] = slot_state[j];
+    double *read_back = test_read_state(e, 0, again); /* a read before any step folds nothing either */
+    cr_assert_eq(memcmp(read_back, expected, sizeof(double) * elems), 0, "the read folded the last owner's tokens");
+    free(read_back);
+    test_write_inputs(e, 0, 1, 1, &rng, &in);
+    test_run_step(e, GDN_STEP_DECODE, 1, 1, &again, NULL);
+    test_reference_row(rc, &in, 0, 1, params, params + 4, expected, NULL);
+    test_round_to(expected, elems, GDN_DTYPE_F32);
+    double *now = test_read_state(e, 0, again);
+    cr_assert_leq(test_error_ratio(now, expected, elems, 1e-6, 1e-6), 1.0, "stale pending tokens were folded in");
+    free(now), free(expected), free(params);
+    test_inputs_free(&in);
+    gdn_engine_destroy(e);
+}
