@@ -98,10 +98,10 @@ static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count,
     return GDN_OK;
 }
 
-static gdn_status cuda_fetch_rows(void *ctx, int32_t *dst, void *stream)
+/* The mailbox as the device kernels see it; dst is where the rows go (NULL for the clear kernel). */
+static gdn__fetch_params ring_params(const cuda_backend *cu, int32_t *dst)
 {
-    cuda_backend *cu = ctx;
-    const gdn__fetch_params p = {
+    return (gdn__fetch_params){
         .ring = cu->ring,
         .ring_entries = ROW_RING_ENTRIES,
         .entry_stride = cu->entry_stride,
@@ -109,6 +109,12 @@ static gdn_status cuda_fetch_rows(void *ctx, int32_t *dst, void *stream)
         .host_done = (long long *)cu->done,
         .dst = dst,
     };
+}
+
+static gdn_status cuda_fetch_rows(void *ctx, int32_t *dst, void *stream)
+{
+    cuda_backend *cu = ctx;
+    const gdn__fetch_params p = ring_params(cu, dst);
     gdn_status status = gdn__cuda_fetch_rows(&p, stream);
     if (status == GDN_ECUDA) record_error(cu, cudaGetLastError(), "gdn__cuda_fetch_rows", __LINE__);
     return status;
@@ -119,13 +125,7 @@ static void cuda_consume_rows(void *ctx) { ((cuda_backend *)ctx)->host_seq++; }
 static gdn_status cuda_clear_pending(void *ctx, int32_t *pending, int32_t num_layers, int64_t num_slots, void *stream)
 {
     cuda_backend *cu = ctx;
-    const gdn__fetch_params p = {
-        .ring = cu->ring,
-        .ring_entries = ROW_RING_ENTRIES,
-        .entry_stride = cu->entry_stride,
-        .device_seq = cu->device_seq,
-        .host_done = (long long *)cu->done,
-    };
+    const gdn__fetch_params p = ring_params(cu, NULL);
     gdn_status status = gdn__cuda_clear_pending(&p, pending, num_layers, num_slots, stream);
     if (status == GDN_ECUDA) record_error(cu, cudaGetLastError(), "gdn__cuda_clear_pending", __LINE__);
     return status;
