@@ -1,0 +1,52 @@
+/*
+ * The replay verify strategy's CUDA path (EXPERIMENTAL: written, never yet run on a GPU), enabled on
+ * request with GDN_EXPERIMENTAL_CUDA_REPLAY=1: the same random scenarios as on the CPU backend against
+ * the host model with the replay rounding points, and the bf16 closeness comparison with the cache
+ * strategy. A suite of its own, so that the verified GPU suites do not depend on it.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+
+#include "scenario.h"
+#include "support.h"
+
+#ifdef GDN_HAVE_CUDA
+
+/* The replay strategy's CUDA kernels, enabled on request: the same scenarios as on the CPU backend
+ * against the host model with the replay rounding points, and the bf16 closeness comparison. */
+Test(gpu_replay, experimental_replay_strategy_matches_the_host_model, .timeout = 900)
+{
+    test_require_gpu();
+    setenv("GDN_EXPERIMENTAL_CUDA_REPLAY", "1", 1);
+    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    double rms[2][2] = {{0}};
+    for (int d = 0; d < 2; d++) {
+        for (int strategy = 0; strategy < 2; strategy++) {
+            scenario_options o = {.preset = "tiny", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                                  .state_dtype = dtypes[d], .strategy = strategy ? GDN_VERIFY_REPLAY : GDN_VERIFY_CACHE,
+                                  .layers = 3, .steps = 200, .num_slots = 24, .max_batch = 16, .max_tokens = 4,
+                                  .check_every = 5, .seed = 700 + (uint64_t)d};
+            scenario_result r = run_scenario(&o);
+            rms[d][strategy] = r.rms_vs_exact;
+            cr_log_info("tiny %s %s: worst state %.1f%%, output %.1f%% of tolerance, RMS to float64 %.4g",
+                        d ? "bf16" : "fp32", strategy ? "replay" : "cache", 100 * r.worst_state, 100 * r.worst_output,
+                        r.rms_vs_exact);
+        }
+        scenario_options q = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_REPLAY, .layers = 2, .steps = 30,
+                              .num_slots = 24, .max_batch = 16, .max_tokens = 4, .check_every = 3, .seed = 710 + (uint64_t)d};
+        run_scenario(&q);
+    }
+    cr_assert_leq(rms[1][1], rms[1][0] * 1.02, "bf16: replay %.4g vs cache %.4g from the float64 run", rms[1][1], rms[1][0]);
+    unsetenv("GDN_EXPERIMENTAL_CUDA_REPLAY");
+}
+
+#else /* no CUDA in this build: one test that says so by skipping */
+
+Test(gpu_replay, skipped_without_cuda)
+{
+    test_require_gpu();
+    cr_assert_fail("a build without CUDA cannot have a usable GPU");
+}
+
+#endif
