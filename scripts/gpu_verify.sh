@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One GPU-host run of everything that needs a GPU, from a bundle made by scripts/bundle.sh:
+#   every test suite, compute-sanitizer memcheck and racecheck on the GPU suites (in parallel: the
+#   suites are mostly CPU-bound by the float64 reference), then the serving-loop example and the
+#   engine and strategies benches (alone, for clean timings). Logs go to OUT_DIR; a summary is printed.
+#
+#   scripts/gpu_verify.sh [BUNDLE_DIR] [OUT_DIR]     (defaults: gpu-bundle, $OUT or gpu-verify-out)
+#   GDN_VERIFY_SANITIZE=0 skips the sanitizers; GDN_VERIFY_BENCH=0 skips the benches.
+set -u
+bundle=$(cd "${1:-gpu-bundle}" && pwd) || exit 2
+out=${2:-${OUT:-gpu-verify-out}}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$bundle${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+
+("$bundle/run-tests.sh" -j1 > "$out/all_tests.log" 2>&1; echo "run-tests exit $?" >> "$out/all_tests.log") &
+if [ "${GDN_VERIFY_SANITIZE:-1}" = 1 ]; then
+    for suite in test_gpu_kernels test_gpu_engine; do
+        (compute-sanitizer --tool memcheck --leak-check no "$bundle/$suite" -j1 > "$out/memcheck_$suite.log" 2>&1) &
+        (compute-sanitizer --tool racecheck "$bundle/$suite" -j1 > "$out/racecheck_$suite.log" 2>&1) &
+    done
+fi
+wait
+
+echo "== tests";  grep -E "^(PASS|FAIL|SKIP) |run-tests exit" "$out/all_tests.log"
+for f in "$out"/memcheck_*.log "$out"/racecheck_*.log; do
+    [ -f "$f" ] && echo "== $(basename "$f"): $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$f" | tail -1) $(grep -c '^\[FAIL\]' "$f") failed tests"
+done
+"$bundle/gdn-serving-loop" > "$out/example.log" 2>&1; echo "== example: $(tail -1 "$out/example.log")"
+if [ "${GDN_VERIFY_BENCH:-1}" = 1 ]; then
+    "$bundle/gdn-bench" --engine --state bf16 --max-batch 256 --tokens 1,2,4 --json "$out/engine_bf16.json" \
+        > "$out/engine_bf16.txt" 2>&1
+    "$bundle/gdn-bench" --strategies --slots 1024 --batch 64 --layers 8 --json "$out/strategies.json" \
+        > "$out/strategies.txt" 2>&1
+    echo "== engine bench";     grep -v capturing "$out/engine_bf16.txt"
+    echo "== strategies bench"; cat "$out/strategies.txt"
+fi
