@@ -41,8 +41,8 @@ struct gdn_engine {
     int64_t cache_layer_stride;
     void *token_store;          /* replay: [L, num_slots, 2, max_tokens, token elements] input_dtype */
     int64_t store_layer_stride; /* elements */
-    int32_t *replay_meta;       /* replay: pending [L, num_slots], bank [L, num_slots], then the CUDA
-                                 * kernel's per-row arrival counts [max_batch] */
+    int32_t *replay_meta;       /* replay: pending [L, num_slots], then the CUDA kernel's per-row
+                                 * arrival counts [max_batch] */
     void *io_block;             /* every layer's q, k, v, a, b, o */
     float *params;              /* [L][2][HV]: A_log then dt_bias */
     int32_t *indices;           /* rows [2 * max_batch] (the step's bucket read slots, then its
@@ -84,13 +84,9 @@ static int32_t *pending_buffer(const gdn_engine *e, int32_t layer)
 {
     return e->replay_meta + (size_t)layer * (size_t)e->config.num_slots;
 }
-static int32_t *bank_buffer(const gdn_engine *e, int32_t layer)
-{
-    return e->replay_meta + ((size_t)e->config.model.num_layers + (size_t)layer) * (size_t)e->config.num_slots;
-}
 static uint32_t *arrivals_buffer(const gdn_engine *e)
 {
-    return (uint32_t *)(e->replay_meta + 2 * (size_t)e->config.model.num_layers * (size_t)e->config.num_slots);
+    return (uint32_t *)(e->replay_meta + (size_t)e->config.model.num_layers * (size_t)e->config.num_slots);
 }
 
 static size_t align_up(size_t bytes) { return (bytes + 255u) & ~(size_t)255u; }
@@ -194,14 +190,14 @@ static gdn_status allocate_everything(gdn_engine *e)
         status = backend_alloc(e, (size_t)(e->cache_layer_stride * L) * state_size, &e->cache,
                                &e->memory.verify_cache);
         if (status != GDN_OK) return status;
-    } else { /* replay: two banks of max_tokens token inputs a slot, and the pending counts */
+    } else { /* replay: max_tokens token inputs a slot, and the pending counts */
         const gdn_model_config *m = &c->model;
-        e->store_layer_stride = (int64_t)c->num_slots * 2 * c->max_tokens *
+        e->store_layer_stride = (int64_t)c->num_slots * c->max_tokens *
                                 gdn__token_elems(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v);
         status = backend_alloc(e, (size_t)(e->store_layer_stride * L) * gdn_dtype_size(c->input_dtype),
                                &e->token_store, &e->memory.token_store);
         if (status == GDN_OK)
-            status = backend_alloc(e, (2 * (size_t)L * (size_t)c->num_slots + (size_t)c->max_batch) * sizeof(int32_t),
+            status = backend_alloc(e, ((size_t)L * (size_t)c->num_slots + (size_t)c->max_batch) * sizeof(int32_t),
                                    (void **)&e->replay_meta, &e->memory.token_store);
         if (status != GDN_OK) return status;
     }
@@ -580,7 +576,6 @@ static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind 
         p->token_store = (char *)e->token_store + (size_t)(layer * e->store_layer_stride) * gdn_dtype_size(c->input_dtype);
         p->store_tokens = c->max_tokens;
         p->pending = pending_buffer(e, layer);
-        p->bank = bank_buffer(e, layer);
         p->replay_verify = kind == GDN_STEP_VERIFY;
         p->arrivals = arrivals_buffer(e);
     } else if (kind == GDN_STEP_VERIFY) {

@@ -118,31 +118,38 @@ __device__ __forceinline__ void store_rows(S *dst, const float (&st)[Geo::RT][Ge
             gdn__store_vec<S, Geo::EV>(dst + (int64_t)(row0 + rt * Geo::G) * K + (n * Geo::L + glane) * Geo::EV, st[rt][n]);
 }
 
-/* Replay verify: saves this thread's share of token `tok`'s raw inputs (before normalisation; exact
- * in the input type) as stored token t of bank `which` of slot w: v of its rows (one lane a row), k
- * of key head kh (one lane group of the first CTA of the group's first value head), a and b of head h
- * (the first thread of the head's first tile). */
-template <int K, typename I, int NV, int EV, int RT, int L, int G>
-__device__ __forceinline__ void store_token(const gdn__layer_params &p, const float (&v)[RT], float a, float b,
-                                            int64_t tok, int64_t w, int32_t which, int t, int kh, int h, int tile,
-                                            int row0, int glane)
+/* Replay verify: saves v of this thread's rows of token `t` (one lane a row; exact in the input
+ * type) as slot w's stored token t. Each CTA reads and writes only its own rows' v, so this may run
+ * right after the CTA's own fold; k, a and b, which other CTAs of the row fold from, are stored by the
+ * row's last CTA (store_shared_inputs). */
+template <int K, typename I, int RT, int G>
+__device__ __forceinline__ void store_token_v(const gdn__layer_params &p, const float (&v)[RT], int64_t w, int t, int h,
+                                              int row0, int glane)
 {
     const int HV = p.HV, V = p.V;
-    I *tb = static_cast<I *>(p.token_store) + ((w * 2 + which) * p.store_tokens + t) * gdn__token_elems(p.HK, HV, K, V);
-    I *vs = tb + (int64_t)p.HK * K, *gs = vs + (int64_t)HV * V;
+    I *vs = static_cast<I *>(p.token_store) + (w * p.store_tokens + t) * gdn__token_elems(p.HK, HV, K, V) +
+            (int64_t)p.HK * K + (int64_t)h * V;
     if (glane == 0)
 #pragma unroll
-        for (int rt = 0; rt < RT; rt++) vs[(int64_t)h * V + row0 + rt * G] = gdn__from_f32<I>(v[rt]);
-    if (tile == 0 && h % (HV / p.HK) == 0 && threadIdx.x < L) {
-        const I *kp = static_cast<const I *>(p.k) + (tok * p.HK + kh) * K;
-#pragma unroll
-        for (int n = 0; n < NV; n++)
-#pragma unroll
-            for (int e = 0; e < EV; e++) tb[kh * K + (n * L + glane) * EV + e] = kp[(n * L + glane) * EV + e];
-    }
-    if (tile == 0 && threadIdx.x == 0) {
-        gs[h] = gdn__from_f32<I>(a);
-        gs[HV + h] = gdn__from_f32<I>(b);
+        for (int rt = 0; rt < RT; rt++) vs[row0 + rt * G] = gdn__from_f32<I>(v[rt]);
+}
+
+/* Replay verify, by the row's last CTA (every fold from the read slot's tokens is done): copies k
+ * [HK, K], a [HV] and b [HV] of row i's T tokens into slot w's stored tokens, with all its threads. */
+template <int K, typename I>
+__device__ __forceinline__ void store_shared_inputs(const gdn__layer_params &p, int64_t i, int64_t w, int T)
+{
+    const int64_t qk = (int64_t)p.HK * K, gates = p.HV, token = gdn__token_elems(p.HK, p.HV, K, p.V);
+    const I *k = static_cast<const I *>(p.k), *a = static_cast<const I *>(p.a), *b = static_cast<const I *>(p.b);
+    for (int t = 0; t < T; t++) {
+        I *dst = static_cast<I *>(p.token_store) + (w * p.store_tokens + t) * token;
+        const int64_t tok = i * T + t;
+        for (int64_t e = threadIdx.x; e < qk; e += blockDim.x) dst[e] = k[tok * qk + e];
+        I *g = dst + qk + (int64_t)p.HV * p.V;
+        for (int64_t e = threadIdx.x; e < gates; e += blockDim.x) {
+            g[e] = a[tok * gates + e];
+            g[gates + e] = b[tok * gates + e];
+        }
     }
 }
 
@@ -201,9 +208,8 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
     S *cache = static_cast<S *>(p.cache);
     const int64_t cache_token_stride = (int64_t)HV * state_elems;
 
-    /* Replay: tokens -pending..-1 are the slot's accepted tokens of its last verify (bank `bank`). */
+    /* Replay: tokens -pending..-1 are the read slot's accepted tokens of its last verify. */
     const int pending = REPLAY ? p.pending[r] : 0;
-    const int32_t bank = REPLAY ? p.bank[r] : 0;
 
     /* (Loading token t + 1's inputs during token t was measured slower: the extra registers cost
      * more occupancy than the hidden latency gained.) */
@@ -211,7 +217,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
         token_inputs<I, NV, EV, RT> cur;
         if (REPLAY && t < 0) {
             const I *tb = static_cast<const I *>(p.token_store) +
-                          ((r * 2 + bank) * p.store_tokens + (t + pending)) * gdn__token_elems(p.HK, HV, K, V);
+                          (r * p.store_tokens + (t + pending)) * gdn__token_elems(p.HK, HV, K, V);
             const I *va = tb + (int64_t)p.HK * K, *ga = va + (int64_t)HV * V;
             cur.load(p, tb, tb, va, ga, ga + HV, 0, kh, h, row0, G, glane, L);
         } else {
@@ -219,9 +225,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
         }
         if (REPLAY && p.replay_verify && t == 0) /* the pool gets the folded state; own tokens stay pending */
             store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, row0, glane);
-        if (REPLAY && p.replay_verify && t >= 0)
-            store_token<K, I, NV, EV, RT, L, G>(p, cur.v, cur.a, cur.b, i * T + t, w, 1 - bank, t, kh, h, tile, row0,
-                                                glane);
+        if (REPLAY && p.replay_verify && t >= 0) store_token_v<K, I, RT, G>(p, cur.v, w, t, h, row0, glane);
         float(&kv)[NV][EV] = cur.k;
         float(&qv)[NV][EV] = cur.q;
         const float(&vrow)[RT] = cur.v;
@@ -296,13 +300,18 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
     if (!cache && !(REPLAY && p.replay_verify))
         store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, row0, glane);
 
-    if (REPLAY) { /* the last CTA of the row, once every CTA has read pending[r] and bank[r] */
+    if constexpr (REPLAY) { /* the row's last CTA: every CTA has read pending[r] and folded */
+        __shared__ int last_cta;
         __syncthreads();
         if (threadIdx.x == 0) {
             __threadfence();
-            if (atomicAdd(&p.arrivals[i], 1u) == gridDim.x - 1) {
+            last_cta = atomicAdd(&p.arrivals[i], 1u) == gridDim.x - 1;
+        }
+        __syncthreads();
+        if (last_cta) {
+            if (p.replay_verify) store_shared_inputs<K, I>(p, i, w, T);
+            if (threadIdx.x == 0) {
                 p.pending[w] = 0;
-                if (p.replay_verify) p.bank[w] = 1 - bank;
                 p.arrivals[i] = 0;
                 __threadfence();
             }
@@ -392,7 +401,7 @@ static gdn_status dispatch(const gdn__layer_params *p, cudaStream_t stream, bool
 static gdn_status check_shape(const gdn__layer_params *p)
 {
     if (p->T < (p->token_store ? 0 : 1) || p->T > GDN_MAX_TOKENS || p->B < 0 || p->B > 65535) return GDN_ENOTSUP;
-    if (p->token_store && (p->cache || !p->pending || !p->bank || !p->arrivals || p->store_tokens < 1))
+    if (p->token_store && (p->cache || !p->pending || !p->arrivals || p->store_tokens < 1))
         return GDN_EINVAL;
     if (p->V != 64 && p->V != 128 && p->V != 256) return GDN_ENOTSUP;
     if (p->HK < 1 || p->HV < 1 || p->HV % p->HK != 0) return GDN_ENOTSUP;

@@ -12,14 +12,14 @@
  *   cache != NULL (verify): cache[i, t, h] = S after token t for every t; the pool is not written.
  *
  * Replay strategy (SPEC 3.2; token_store != NULL, cache == NULL): each slot keeps the inputs of its
- * last verify's tokens in one of two banks, and pending[slot] of them are accepted but not yet in
- * its state. For a live row: S = state[r, h]; fold tokens 0..pending[r]-1 of bank bank[r] of slot r
- * into S (the update without outputs); then
+ * last verify's tokens, and pending[slot] of them are accepted but not yet in its state. For a live
+ * row: S = state[r, h]; fold stored tokens 0..pending[r]-1 of slot r into S (the update without
+ * outputs); then
  *   replay_verify == 0 (decode, or a flush when T == 0): run the T tokens, state[w, h] = S;
  *   replay_verify == 1 (verify): state[w, h] = S (the folded state), run the T tokens from it for the
- *   outputs, and store their inputs in bank 1 - bank[r] of slot w;
- * and once every head of the row is done: pending[w] = 0, and for verify bank[w] = 1 - bank[r]. A
- * token's stored inputs (input_dtype) are k [HK, K], v [HV, V], a [HV], b [HV] in that order.
+ *   outputs, and store their inputs as slot w's tokens, once every fold that reads slot r's is done;
+ * and once every head of the row is done: pending[w] = 0. A token's stored inputs (input_dtype) are
+ * k [HK, K], v [HV, V], a [HV], b [HV] in that order.
  *
  * Commit (one launch for all layers): row i is skipped when r = read_slots[i] < 0 (padding). With
  * w = write_slots[i] (or r when write_slots is NULL) and n = clamp(accepted[i], 0, T):
@@ -77,10 +77,9 @@ typedef struct gdn__layer_params {
     int32_t *error_flag; /* sticky, may be NULL */
 
     /* Replay strategy; token_store == NULL selects the cache strategy (or a plain update). */
-    void *token_store;         /* [num_slots][2][store_tokens][token elements] in input_dtype */
-    int32_t store_tokens;      /* tokens per bank */
+    void *token_store;         /* [num_slots][store_tokens][token elements] in input_dtype */
+    int32_t store_tokens;      /* tokens a slot keeps (the engine's max_tokens) */
     int32_t *pending;          /* [num_slots] */
-    int32_t *bank;             /* [num_slots] */
     int32_t replay_verify;
     uint32_t *arrivals;        /* [B] zeroed, left zeroed: the CUDA kernel's per-row count of finished
                                 * CTAs, so that the last one does the row's bookkeeping */

@@ -166,8 +166,8 @@ Test(config, replay_strategy_allocates_a_token_store_instead_of_the_cache)
     cr_assert_eq(gdn_engine_memory(e, &r), GDN_OK);
     cr_assert_eq(r.verify_cache, 0);
     const uint64_t token_elems = 2 * 64 + 4 * 64 + 2 * 4; /* k, v, a, b */
-    const uint64_t store = 2ull * 8 * 2 * 4 * token_elems * 2; /* layers x slots x banks x T x bf16 */
-    const uint64_t meta = 2ull * 2 * 8 * 4 + 8 * 4; /* pending and bank per layer and slot, arrivals per row */
+    const uint64_t store = 2ull * 8 * 4 * token_elems * 2; /* layers x slots x T x bf16 */
+    const uint64_t meta = 2ull * 8 * 4 + 8 * 4;             /* pending per layer and slot, arrivals per row */
     cr_assert_eq(r.token_store, store + meta);
     cr_assert_eq(r.total, r.state_pools + r.token_store + r.io_buffers + r.parameters + r.indices);
     gdn_engine_destroy(e);

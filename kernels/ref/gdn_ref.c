@@ -104,12 +104,12 @@ gdn_status gdn__ref_layer_step(const gdn__layer_params *p)
     return GDN_OK;
 }
 
-/* Replay strategy: widens stored token t of bank `which` of `slot` for value head h (key head kh). */
-static void load_stored_token(const gdn__layer_params *p, int64_t slot, int32_t which, int32_t t, int32_t h,
-                              int32_t kh, double *k, double *v, double *a, double *b)
+/* Replay strategy: widens stored token t of `slot` for value head h (key head kh). */
+static void load_stored_token(const gdn__layer_params *p, int64_t slot, int32_t t, int32_t h, int32_t kh, double *k,
+                              double *v, double *a, double *b)
 {
     const int64_t token = gdn__token_elems(p->HK, p->HV, p->K, p->V);
-    const int64_t base = ((slot * 2 + which) * p->store_tokens + t) * token;
+    const int64_t base = (slot * p->store_tokens + t) * token;
     const int64_t v_at = base + (int64_t)p->HK * p->K, gates_at = v_at + (int64_t)p->HV * p->V;
     widen(p->token_store, p->input_dtype, base + (int64_t)kh * p->K, p->K, k);
     widen(p->token_store, p->input_dtype, v_at + (int64_t)h * p->V, p->V, v);
@@ -117,15 +117,15 @@ static void load_stored_token(const gdn__layer_params *p, int64_t slot, int32_t 
     *b = gdn__load_f32(p->token_store, p->input_dtype, gates_at + p->HV + h);
 }
 
-/* Replay strategy: copies row i's T tokens (k, v, a, b as given) into bank `which` of `slot`. */
-static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot, int32_t which)
+/* Replay strategy: copies row i's T tokens (k, v, a, b as given) into `slot`'s stored tokens. */
+static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot)
 {
     const size_t esize = gdn_dtype_size(p->input_dtype);
     const int64_t token = gdn__token_elems(p->HK, p->HV, p->K, p->V);
     const int64_t qk = (int64_t)p->HK * p->K, vv = (int64_t)p->HV * p->V;
     for (int32_t t = 0; t < p->T; t++) {
         const int64_t tok = (int64_t)i * p->T + t;
-        char *dst = (char *)p->token_store + (size_t)(((slot * 2 + which) * p->store_tokens + t) * token) * esize;
+        char *dst = (char *)p->token_store + (size_t)((slot * p->store_tokens + t) * token) * esize;
         memcpy(dst, (const char *)p->k + (size_t)(tok * qk) * esize, (size_t)qk * esize);
         memcpy(dst + (size_t)qk * esize, (const char *)p->v + (size_t)(tok * vv) * esize, (size_t)vv * esize);
         memcpy(dst + (size_t)(qk + vv) * esize, (const char *)p->a + (size_t)(tok * p->HV) * esize, (size_t)p->HV * esize);
@@ -172,12 +172,12 @@ void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
             }
             widen(p->state, p->state_dtype, r * p->slot_stride + h * state_elems, state_elems, S);
             if (p->token_store) { /* replay: fold the slot's accepted tokens first (their outputs unused) */
-                const int32_t n = p->pending[r], which = p->bank[r];
+                const int32_t n = p->pending[r];
                 /* o is free until the own tokens run; the scratch has room past it for k and v. */
                 double fa[GDN_MAX_TOKENS], fb[GDN_MAX_TOKENS], *fk = o, *fv = o + K;
                 double fo[256];
                 for (int32_t t = 0; t < n; t++) {
-                    load_stored_token(p, r, which, t, h, kh, fk, fv, &fa[t], &fb[t]);
+                    load_stored_token(p, r, t, h, kh, fk, fv, &fa[t], &fb[t]);
                     gdn__ref_head(1, K, V, S, fk, fk, K, fv, V, &fa[t], &fb[t], p->A_log[h], p->dt_bias[h], p->scale,
                                   p->use_qk_l2norm, fo, V, NULL, NULL);
                 }
@@ -193,11 +193,9 @@ void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
             if (!p->cache && !(p->token_store && p->replay_verify))
                 narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
         }
-        if (p->token_store && !padding) { /* the row's bookkeeping, once every head is done */
-            const int32_t which = p->bank[r];
-            if (p->replay_verify) store_row_tokens(p, i, w, 1 - which);
+        if (p->token_store && !padding) { /* the row's bookkeeping, once every head has folded */
+            if (p->replay_verify) store_row_tokens(p, i, w);
             p->pending[w] = 0;
-            if (p->replay_verify) p->bank[w] = 1 - which;
         }
     }
 }
