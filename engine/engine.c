@@ -39,7 +39,7 @@ struct gdn_engine {
     void *cache;                /* [L, max_batch, max_tokens, HV, V, K] state_dtype, or NULL */
     int64_t cache_row_stride;
     int64_t cache_layer_stride;
-    void *token_store;          /* replay: [L, num_slots, 2, max_tokens, token elements] input_dtype */
+    void *token_store;          /* replay: [L, num_slots, max_tokens, token elements] input_dtype */
     int64_t store_layer_stride; /* elements */
     int32_t *replay_meta;       /* replay: pending [L, num_slots], then the CUDA kernel's per-row
                                  * arrival counts [max_batch] */
