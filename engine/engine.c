@@ -716,7 +716,6 @@ static gdn_status capture_graph(gdn_engine *e, const gdn__graph_key *key, int32_
     entry->key = *key;
     entry->exec = graph;
     entry->includes_commit = e->capture_committed;
-    e->graphs.captured++;
     return GDN_OK;
 }
 

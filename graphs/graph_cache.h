@@ -29,7 +29,6 @@ typedef struct gdn__graph_cache {
                                 * commit of a verify of T at max_tokens + T */
     int32_t num_buckets;
     int32_t max_tokens;
-    int32_t captured;
 } gdn__graph_cache;
 
 /* A zeroed key of these fields. */
