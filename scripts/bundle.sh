@@ -45,3 +45,7 @@ exit $failed
 RUN
 chmod +x "$out/run-tests.sh"
 echo "bundled ${#binaries[@]} programs into $out ($(du -sh "$out" | cut -f1))"
+# The device tool carries at most 64 MiB; every test links the kernels' fat binaries, so the folder
+# outgrows that. The archive is what travels: `tar xzf gpu-bundle.tar.gz` on the GPU host.
+tar czf "$out.tar.gz" "$out"
+echo "archive $out.tar.gz ($(du -sh "$out.tar.gz" | cut -f1))"

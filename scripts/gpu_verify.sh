@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu
 limit=${GDN_VERIFY_LIMIT:-400}
 (timeout "$limit" "$bundle/run-tests.sh" -j1 > "$out/all_tests.log" 2>&1; echo "run-tests exit $?" >> "$out/all_tests.log") &
 if [ "${GDN_VERIFY_SANITIZE:-1}" = 1 ]; then
-    for suite in test_gpu_kernels test_gpu_engine; do
+    for suite in test_gpu_kernels test_gpu_engine test_gpu_replay; do
         (timeout "$limit" compute-sanitizer --tool memcheck --leak-check no "$bundle/$suite" -j1 \
             > "$out/memcheck_$suite.log" 2>&1; echo "exit $?" >> "$out/memcheck_$suite.log") &
         (timeout "$limit" compute-sanitizer --tool racecheck "$bundle/$suite" -j1 \
