@@ -3,7 +3,7 @@
  * on the CUDA backend with graphs captured at creation; for each bucket and T it reports
  *   - host us per step: begin_step + run_step (+ commit for verify) as the serving loop calls them,
  *     each step timed alone inside bursts of 12 after a sync (the ring holds 64, so no call waits for
- *     the GPU): median and 90th percentile;
+ *     the GPU): median and 90th percentile, and the median of the commit call alone;
  *   - GPU us per step, replaying the step's graph (index upload included);
  *   - the same step as 36 direct launches (gdn_engine_run_layer per layer);
  *   - the sum of the single-layer kernel times: the 36 direct launches queued behind a spin kernel, so
@@ -32,17 +32,26 @@ static double median_of(double *v, int n) { return bench_median(v, n); }
 
 typedef struct engine_row {
     int32_t bucket, tokens;
-    double host_us, host_p90_us, graph_us, direct_us, kernel_sum_us;
+    double host_us, host_p90_us, commit_host_us, graph_us, direct_us, kernel_sum_us;
 } engine_row;
 
-/* One step as the serving loop issues it. */
-static int issue_step(gdn_engine *e, const int32_t *slots, int32_t batch, int32_t tokens, cudaStream_t s)
+/* One step as the serving loop issues it; *commit_us (if not NULL) gets the host time of the commit
+ * call alone (0 for a decode). */
+static int issue_step_timed(gdn_engine *e, const int32_t *slots, int32_t batch, int32_t tokens, cudaStream_t s,
+                            double *commit_us)
 {
     gdn_step step = {.kind = tokens == 1 ? GDN_STEP_DECODE : GDN_STEP_VERIFY, .tokens = tokens, .batch = batch, .slots = slots};
     CHECK_GDN(gdn_engine_begin_step(e, &step, s, NULL));
     CHECK_GDN(gdn_engine_run_step(e, s));
+    const double t0 = commit_us ? now_us() : 0;
     if (tokens > 1) CHECK_GDN(gdn_engine_commit(e, s));
+    if (commit_us) *commit_us = tokens > 1 ? now_us() - t0 : 0;
     return 0;
+}
+
+static int issue_step(gdn_engine *e, const int32_t *slots, int32_t batch, int32_t tokens, cudaStream_t s)
+{
+    return issue_step_timed(e, slots, batch, tokens, s, NULL);
 }
 
 /* The same step as direct launches, one per layer. */
@@ -100,18 +109,19 @@ static int measure(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t 
 
     /* Host time: every step of bursts that stay well inside the staging ring, each burst after a
      * sync, timed one by one; the median of all of them (and the 90th percentile). */
-    double host[BURSTS * BURST];
+    double host[BURSTS * BURST], commit[BURSTS * BURST];
     int n_host = 0;
     for (int b = 0; b < BURSTS; b++) {
         CHECK_CUDA(cudaStreamSynchronize(s));
         for (int i = 0; i < BURST; i++) {
             const double t0 = now_us();
-            if (issue_step(e, slots, bucket, tokens, s)) return -1;
+            if (issue_step_timed(e, slots, bucket, tokens, s, &commit[n_host])) return -1;
             host[n_host++] = now_us() - t0;
         }
     }
     row->host_us = median_of(host, n_host); /* sorts host[] */
     row->host_p90_us = host[(int)(0.9 * (n_host - 1))];
+    row->commit_host_us = median_of(commit, n_host);
 
     /* GPU time per step: graph replays (with their row fetches) queued behind a spin kernel. */
     if (time_on_gpu(e, slots, bucket, tokens, layers, s, TIMED_STEPS, 1, &row->graph_us)) return -1;
@@ -218,16 +228,17 @@ int gdn_bench_engine_main(int argc, char **argv)
     const int32_t bucket_list[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
     engine_row rows[64];
     int n_rows = 0;
-    printf("\n%7s %3s | %9s %9s | %10s %10s %12s | %11s\n", "bucket", "T", "host us", "host p90", "graph us",
-           "direct us", "kernel sum", "graph / sum");
+    printf("\n%7s %3s | %9s %9s %9s | %10s %10s %12s | %11s\n", "bucket", "T", "host us", "host p90", "commit",
+           "graph us", "direct us", "kernel sum", "graph / sum");
     for (size_t bi = 0; bi < sizeof bucket_list / sizeof bucket_list[0]; bi++) {
         if (bucket_list[bi] > max_batch) break;
         for (int ti = 0; ti < n_tokens && n_rows < 64; ti++) {
             engine_row *r = &rows[n_rows];
             r->bucket = bucket_list[bi], r->tokens = tokens[ti];
             if (measure(e, slots, r->bucket, r->tokens, layers, s, r)) return 1;
-            printf("%7d %3d | %9.2f %9.2f | %10.1f %10.1f %12.1f | %11.3f\n", r->bucket, r->tokens, r->host_us,
-                   r->host_p90_us, r->graph_us, r->direct_us, r->kernel_sum_us, r->graph_us / r->kernel_sum_us);
+            printf("%7d %3d | %9.2f %9.2f %9.2f | %10.1f %10.1f %12.1f | %11.3f\n", r->bucket, r->tokens, r->host_us,
+                   r->host_p90_us, r->commit_host_us, r->graph_us, r->direct_us, r->kernel_sum_us,
+                   r->graph_us / r->kernel_sum_us);
             n_rows++;
         }
     }
@@ -241,9 +252,9 @@ int gdn_bench_engine_main(int argc, char **argv)
         fprintf(f, "{\"mode\": \"engine\", \"preset\": \"qwen3-next\", \"layers\": %d, \"state\": \"%s\", \"rows\": [\n", layers,
                 state == GDN_DTYPE_F32 ? "f32" : "bf16");
         for (int i = 0; i < n_rows; i++)
-            fprintf(f, "  {\"bucket\": %d, \"T\": %d, \"host_us\": %.3f, \"host_p90_us\": %.3f, \"graph_us\": %.3f, "
-                       "\"direct_us\": %.3f, \"kernel_sum_us\": %.3f}%s\n", rows[i].bucket, rows[i].tokens, rows[i].host_us,
-                    rows[i].host_p90_us, rows[i].graph_us,
+            fprintf(f, "  {\"bucket\": %d, \"T\": %d, \"host_us\": %.3f, \"host_p90_us\": %.3f, \"commit_host_us\": %.3f, "
+                       "\"graph_us\": %.3f, \"direct_us\": %.3f, \"kernel_sum_us\": %.3f}%s\n", rows[i].bucket, rows[i].tokens,
+                    rows[i].host_us, rows[i].host_p90_us, rows[i].commit_host_us, rows[i].graph_us,
                     rows[i].direct_us, rows[i].kernel_sum_us, i + 1 < n_rows ? "," : "");
         fprintf(f, "]}\n");
         fclose(f);
@@ -263,7 +274,7 @@ int gdn_bench_engine_main(int argc, char **argv)
  * (from the engine's own report; the same numbers on every backend), and, on the CUDA backend, the
  * GPU time per layer of a verify step of T tokens plus its commit, in steady state (every slot holds
  * the previous verify's accepted tokens, so the replay strategy's fold is included), against a decode
- * step, for batch B. The replay strategy's CUDA path is experimental: this mode enables it.
+ * step, for batch B.
  *
  *   gdn-bench --strategies [--slots N] [--batch B] [--layers L] [--json FILE]
  */
@@ -307,7 +318,6 @@ int gdn_bench_strategies_main(int argc, char **argv)
             return 2;
         }
     }
-    setenv("GDN_EXPERIMENTAL_CUDA_REPLAY", "1", 1);
     static const char *const preset_names[] = {"qwen3-next", "qwen3.5"};
     static const gdn_dtype states[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
     static const int32_t token_counts[] = {4, 8};

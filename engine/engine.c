@@ -255,12 +255,6 @@ gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
     const size_t staged_values = 2 * (size_t)resolved.max_batch +
                                  (resolved.verify_strategy == GDN_VERIFY_REPLAY ? (size_t)resolved.num_slots : 0);
     status = create_backend(&resolved, staged_values * sizeof(int32_t), &e->backend);
-    /* The replay strategy's CUDA kernels have not run on a GPU yet: only on request. */
-    const char *experimental = getenv("GDN_EXPERIMENTAL_CUDA_REPLAY");
-    const int cuda_replay_allowed = experimental && strcmp(experimental, "1") == 0;
-    if (status == GDN_OK && resolved.verify_strategy == GDN_VERIFY_REPLAY && e->backend.iface->kind != GDN_BACKEND_CPU &&
-        !cuda_replay_allowed)
-        status = GDN_ENOTSUP;
     if (status == GDN_OK) status = allocate_everything(e);
     if (status == GDN_OK) status = e->backend.iface->synchronize(e->backend.ctx, NULL); /* zero fills done */
     if (status == GDN_OK && e->use_graphs && resolved.graph_mode == GDN_GRAPHS_AT_CREATE) status = capture_all_graphs(e);

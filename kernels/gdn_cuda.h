@@ -35,7 +35,7 @@ typedef struct gdn__fetch_params {
 
 gdn_status gdn__cuda_fetch_rows(const gdn__fetch_params *p, void *stream);
 
-/* Replay strategy (EXPERIMENTAL, not yet run on a GPU): before the fetch of the same entry, zeroes
+/* Replay strategy: before the fetch of the same entry, zeroes
  * pending[l * num_slots + s] for every layer l and every clear s staged after the entry's rows
  * ([1 + count] = number of clears, then the slots). Uses ring, ring_entries, entry_stride and
  * device_seq of p (reads the entry the next fetch will consume; advances nothing). */

@@ -9,7 +9,7 @@
  * nothing (padding, n == 0, a slot out of range) exit after reading three integers. When a pointer or
  * stride is not 16-byte aligned the same kernel runs with 4-byte (fp32) or 2-byte (bf16) elements.
  *
- * Replay strategy (p->pending != NULL; EXPERIMENTAL, not yet run on a GPU): no copy, only
+ * Replay strategy (p->pending != NULL): no copy, only
  * pending_l[w] = n for every layer (one thread per (row, layer)); the next kernel that touches the
  * slot folds the tokens.
  */

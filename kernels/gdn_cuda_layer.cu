@@ -15,8 +15,13 @@
  *   - One pass over a row computes both dot products, S_old.k^ and S_old.q^, using
  *       o[v] = g * (S_old[v,:] . q^) + u[v] * (k^ . q^),  u[v] = beta * (v[v] - g * S_old[v,:] . k^),
  *     and the new row g * S_old + u * k^ is formed in registers and stored.
- *   - Gates, norms of q and k and k^.q^ are recomputed by every lane group (a few hundred bytes from L2
- *     or L1; cheaper than a shared-memory round trip and a barrier).
+ *   - Cache strategy (decode, verify): gates, norms of q and k and k^.q^ are recomputed by every lane
+ *     group (a few hundred bytes from L2 or L1; cheaper than a shared-memory round trip and a barrier).
+ *   - Replay strategy: a row first folds up to max_tokens stored tokens, so the step is no longer
+ *     purely memory-bound (profiled: instruction issue and latency). Its CTAs prepare each token once
+ *     (k^, q^, v of the CTA's rows, g, beta, k^.q^) in shared memory, one warp a token, and a thread
+ *     holds 16 elements of a row, so that a row's dot products take log2(K / 16) shuffle levels
+ *     instead of log2(32).
  *
  * Launch geometry: blockIdx.y = batch row i, blockIdx.x = value head h * tiles_per_head + row tile.
  * A CTA has `warps` warps (1, 2 or 4, chosen at launch so that small batches still spread over the
@@ -24,10 +29,9 @@
  * consecutive state rows of one head. Padding rows exit before touching the state.
  *
  * Template parameters: K (64, 128, 256), state storage S (float, bf16), input storage I (bf16, fp16),
- * output storage O (bf16, float), REPLAY (the replay verify strategy: the token loop starts with the
- * slot's pending tokens from its token store, t < 0, without outputs; EXPERIMENTAL, not yet run on a
- * GPU: the engine enables it only with GDN_EXPERIMENTAL_CUDA_REPLAY=1). V, T, HK, HV and the cache
- * flag are runtime values. With REPLAY false every replay branch is a compile-time constant.
+ * output storage O (bf16, float), REGS (state values a thread holds), ONE_TOKEN, REPLAY (the replay
+ * verify strategy: the slot's pending tokens are folded first, without outputs). V, T, HK, HV and the
+ * cache flag are runtime values. With REPLAY false every replay branch is a compile-time constant.
  */
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
@@ -50,6 +54,12 @@
  * would leave too few bytes in flight per SM); fp32 holds 32. */
 template <typename S> constexpr int big_regs() { return sizeof(S) == 2 ? 64 : 32; }
 
+/* The same for the replay instances (shared staging), where more warps hide the token loop. */
+#ifndef GDN__REPLAY_REGS_BF16
+#define GDN__REPLAY_REGS_BF16 64
+#endif
+template <typename S, bool REPLAY> constexpr int big_regs_for() { return REPLAY && sizeof(S) == 2 ? GDN__REPLAY_REGS_BF16 : big_regs<S>(); }
+
 /* Minimum resident 128-thread CTAs per SM (__launch_bounds__), i.e. the register cap, measured on
  * H200 (bench/results/2026-11-21-h100-kernels.md): 64 values per thread: 4 (128 registers); fp32
  * decode: uncapped; otherwise 6 (80 registers, no spills). */
@@ -58,15 +68,19 @@ template <typename S, bool ONE_TOKEN, int REGS> constexpr int min_blocks()
     return REGS >= 64 ? 4 : ONE_TOKEN && sizeof(S) == 4 && REGS >= 32 ? 1 : 6;
 }
 
-template <int K, typename S, int REGS> struct layer_geometry {
+/* SHARED (tokens prepared once per CTA in shared memory, see below): a thread holds 16 elements of
+ * a row (EPT), so that a row's dot product needs only log2(K / 16) shuffle levels; otherwise a row is
+ * split into 16-byte vectors over up to 32 lanes, the widest coalesced access. */
+template <int K, typename S, int REGS, bool SHARED> struct layer_geometry {
     static constexpr int EV = gdn__vec16<S>::elems;          /* state elements per 16-byte vector */
     static constexpr int VEC_PER_ROW = K / EV;               /* 16-byte vectors in one state row */
-    static constexpr int L = VEC_PER_ROW < 32 ? VEC_PER_ROW : 32; /* lanes sharing one row */
+    static constexpr int L = SHARED ? K / (REGS < 16 ? REGS : 16) : (VEC_PER_ROW < 32 ? VEC_PER_ROW : 32);
     static constexpr int NV = VEC_PER_ROW / L;               /* vectors per lane per row */
+    static constexpr int EPT = NV * EV;                      /* elements of one row a thread holds */
     static constexpr int G = 32 / L;                         /* rows a warp covers at once */
-    static constexpr int RT = (REGS / (NV * EV)) > 0 ? REGS / (NV * EV) : 1; /* rows per thread */
+    static constexpr int RT = REGS / EPT > 0 ? REGS / EPT : 1; /* rows per thread */
     static constexpr int ROWS_PER_WARP = RT * G;
-    static_assert(K % EV == 0 && VEC_PER_ROW % L == 0 && 32 % L == 0, "row split");
+    static_assert(K % EV == 0 && NV >= 1 && VEC_PER_ROW % L == 0 && 32 % L == 0, "row split");
     static_assert(64 % ROWS_PER_WARP == 0, "a warp tile must divide every V (64, 128, 256)");
 };
 
@@ -79,27 +93,148 @@ template <int L> __device__ __forceinline__ float group_sum(float x)
     return x;
 }
 
-/* One token's inputs as a lane needs them: its NV slices of q and k (key head kh), v of its RT rows,
- * and the gate inputs a, b of value head h; all as fp32. */
-template <typename I, int NV, int EV, int RT> struct token_inputs {
-    float k[NV][EV], q[NV][EV], v[RT], a, b;
+/* ---------------------------------------------------------------------------------------------- */
+/* Per-token values shared by a CTA                                                                 */
+/* ---------------------------------------------------------------------------------------------- */
 
-    __device__ __forceinline__ void load(const gdn__layer_params &p, const I *kp, const I *qp, const I *vp,
-                                         const I *ap, const I *bp, int64_t tok, int kh, int h, int row0, int G,
-                                         int glane, int L)
+/* Computed once per CTA before the token loop, in fp32 shared memory: normalised k^ (every token) and
+ * q^ (own tokens), v of the CTA's rows, the decay g, beta and k^.q^. Tokens 0..folds-1 are the read
+ * slot's pending tokens (replay), folds..folds+T-1 the step's own tokens. Sized for capacity tokens. */
+struct shared_tokens {
+    float *khat, *qhat, *v, *gate, *beta, *kq;
+
+    static __host__ __device__ size_t floats(int K, int tile_rows, int capacity, int T)
     {
-        const int K = p.K;
-        const int64_t qk_base = (tok * p.HK + kh) * K;
+        return (size_t)capacity * (K + tile_rows + 2) + (size_t)T * (K + 1);
+    }
+    __device__ shared_tokens(float *base, int K, int tile_rows, int capacity, int T)
+    {
+        khat = base;
+        qhat = khat + (size_t)capacity * K;
+        v = qhat + (size_t)T * K;
+        gate = v + (size_t)capacity * tile_rows;
+        beta = gate + capacity;
+        kq = beta + capacity;
+    }
+};
+
+/* The per-token scalars of SPEC 1, in one place for both staging paths: the decay g = exp(-A
+ * softplus(a + dt_bias)) and beta = sigmoid(b); and the scales that normalise k and q. */
+__device__ __forceinline__ void token_gate(float a, float b, float A, float dt_bias, float &g, float &beta)
+{
+    const float x = a + dt_bias;
+    const float sp = x <= 20.0f ? log1pf(expf(x)) : x;
+    g = expf(-A * sp);
+    beta = 1.0f / (1.0f + expf(-b));
+}
+__device__ __forceinline__ void norm_scales(const gdn__layer_params &p, float kk, float qq, float &rk, float &rq)
+{
+    rk = p.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.0f;
+    rq = p.scale * (p.use_qk_l2norm ? rsqrtf(qq + 1e-6f) : 1.0f);
+}
+
+/* One warp prepares token j from raw inputs (k, q at key head kh; v, a, b at value head h) into
+ * shared memory: each norm is one warp reduction, the gate is computed once. */
+template <int K, typename I, bool WITH_Q>
+__device__ __forceinline__ void prepare_token(const gdn__layer_params &p, shared_tokens &s, int j, int t, const I *k,
+                                              const I *q, const I *v, const I *a, const I *b, float A, float dt_bias,
+                                              int tile_row0, int tile_rows, int lane)
+{
+    constexpr int KPL = K / 32; /* elements of k and q per lane */
+    float kx[KPL], qx[KPL];
+    gdn__load_vec<I, KPL>(k + lane * KPL, kx);
+    if (WITH_Q) gdn__load_vec<I, KPL>(q + lane * KPL, qx);
+    float kk = 0.0f, qq = 0.0f, kq = 0.0f;
 #pragma unroll
-        for (int n = 0; n < NV; n++) {
-            gdn__load_vec<I, EV>(kp + qk_base + (n * L + glane) * EV, k[n]);
-            gdn__load_vec<I, EV>(qp + qk_base + (n * L + glane) * EV, q[n]);
+    for (int e = 0; e < KPL; e++) {
+        kk = fmaf(kx[e], kx[e], kk);
+        if (WITH_Q) {
+            qq = fmaf(qx[e], qx[e], qq);
+            kq = fmaf(kx[e], qx[e], kq);
         }
-        const int64_t gate = tok * p.HV + h;
-        a = gdn__to_f32(ap[gate]);
-        b = gdn__to_f32(bp[gate]);
+    }
+    kk = group_sum<32>(kk);
+    if (WITH_Q) {
+        qq = group_sum<32>(qq);
+        kq = group_sum<32>(kq);
+    }
+    float rk, rq;
+    norm_scales(p, kk, qq, rk, rq);
 #pragma unroll
-        for (int rt = 0; rt < RT; rt++) v[rt] = gdn__to_f32(vp[gate * p.V + row0 + rt * G]);
+    for (int e = 0; e < KPL; e++) {
+        s.khat[(size_t)j * K + lane * KPL + e] = kx[e] * rk;
+        if (WITH_Q) s.qhat[(size_t)t * K + lane * KPL + e] = qx[e] * rq;
+    }
+    for (int row = lane; row < tile_rows; row += 32) s.v[(size_t)j * tile_rows + row] = gdn__to_f32(v[tile_row0 + row]);
+    if (lane == 0) {
+        token_gate(gdn__to_f32(*a), gdn__to_f32(*b), A, dt_bias, s.gate[j], s.beta[j]);
+        if (WITH_Q) s.kq[t] = kq * rk * rq;
+    }
+}
+
+/* One token as a thread uses it: its slices of k^ and q^, v of its rows, g, beta, k^.q^. */
+template <typename Geo> struct token_values {
+    float k[Geo::NV][Geo::EV], q[Geo::NV][Geo::EV], v[Geo::RT], g, beta, kq;
+
+    /* From the CTA's prepared tokens (SHARED staging); q only for tokens with outputs. */
+    template <bool WITH_Q>
+    __device__ __forceinline__ void load_shared(const shared_tokens &s, int j, int t, int K, int tile_rows, int local_row0,
+                                                int glane)
+    {
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+#pragma unroll
+            for (int e = 0; e < Geo::EV; e += 4) {
+                const int at = (n * Geo::L + glane) * Geo::EV + e;
+                *reinterpret_cast<float4 *>(&k[n][e]) = *reinterpret_cast<const float4 *>(s.khat + (size_t)j * K + at);
+                if (WITH_Q) *reinterpret_cast<float4 *>(&q[n][e]) = *reinterpret_cast<const float4 *>(s.qhat + (size_t)t * K + at);
+            }
+#pragma unroll
+        for (int rt = 0; rt < Geo::RT; rt++) v[rt] = s.v[(size_t)j * tile_rows + local_row0 + rt * Geo::G];
+        g = s.gate[j];
+        beta = s.beta[j];
+        kq = WITH_Q ? s.kq[t] : 0.0f;
+    }
+
+    /* Straight from the inputs, every lane group for itself (direct staging): the norms are lane-group
+     * reductions; nothing waits for the rest of the CTA. */
+    template <int K, typename I>
+    __device__ __forceinline__ void load_direct(const gdn__layer_params &p, int64_t tok, int kh, int h, int row0,
+                                                int glane, float A, float dt_bias)
+    {
+        const int64_t qk_base = (tok * p.HK + kh) * K, gate = tok * p.HV + h;
+        const I *kp = static_cast<const I *>(p.k), *qp = static_cast<const I *>(p.q), *vp = static_cast<const I *>(p.v);
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++) {
+            gdn__load_vec<I, Geo::EV>(kp + qk_base + (n * Geo::L + glane) * Geo::EV, k[n]);
+            gdn__load_vec<I, Geo::EV>(qp + qk_base + (n * Geo::L + glane) * Geo::EV, q[n]);
+        }
+#pragma unroll
+        for (int rt = 0; rt < Geo::RT; rt++) v[rt] = gdn__to_f32(vp[gate * p.V + row0 + rt * Geo::G]);
+        token_gate(gdn__to_f32(static_cast<const I *>(p.a)[gate]), gdn__to_f32(static_cast<const I *>(p.b)[gate]), A,
+                   dt_bias, g, beta);
+        float kk = 0.0f, qq = 0.0f, kqr = 0.0f;
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+#pragma unroll
+            for (int e = 0; e < Geo::EV; e++) {
+                kk = fmaf(k[n][e], k[n][e], kk);
+                qq = fmaf(q[n][e], q[n][e], qq);
+                kqr = fmaf(k[n][e], q[n][e], kqr);
+            }
+        kk = group_sum<Geo::L>(kk);
+        qq = group_sum<Geo::L>(qq);
+        kqr = group_sum<Geo::L>(kqr);
+        float rk, rq;
+        norm_scales(p, kk, qq, rk, rq);
+        kq = kqr * rk * rq;
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+#pragma unroll
+            for (int e = 0; e < Geo::EV; e++) {
+                k[n][e] *= rk;
+                q[n][e] *= rq;
+            }
     }
 };
 
@@ -118,20 +253,43 @@ __device__ __forceinline__ void store_rows(S *dst, const float (&st)[Geo::RT][Ge
             gdn__store_vec<S, Geo::EV>(dst + (int64_t)(row0 + rt * Geo::G) * K + (n * Geo::L + glane) * Geo::EV, st[rt][n]);
 }
 
-/* Replay verify: saves v of this thread's rows of token `t` (one lane a row; exact in the input
- * type) as slot w's stored token t. Each CTA reads and writes only its own rows' v, so this may run
- * right after the CTA's own fold; k, a and b, which other CTAs of the row fold from, are stored by the
- * row's last CTA (store_shared_inputs). */
-template <int K, typename I, int RT, int G>
-__device__ __forceinline__ void store_token_v(const gdn__layer_params &p, const float (&v)[RT], int64_t w, int t, int h,
-                                              int row0, int glane)
+/* One token applied to the thread's rows: dk = S.k^ (and dq = S.q^ when OUTPUT) over each row, one
+ * lane-group reduction each, then u = beta (v - g dk), o = g dq + u k^.q^, S = g S + u k^. */
+template <typename Geo, bool OUTPUT>
+__device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::EV], const token_values<Geo> &tv,
+                                            float (&o)[Geo::RT])
 {
-    const int HV = p.HV, V = p.V;
-    I *vs = static_cast<I *>(p.token_store) + (w * p.store_tokens + t) * gdn__token_elems(p.HK, HV, K, V) +
-            (int64_t)p.HK * K + (int64_t)h * V;
-    if (glane == 0)
+    constexpr int EV = Geo::EV, NV = Geo::NV, L = Geo::L, RT = Geo::RT;
+    float dk[RT], dq[RT];
 #pragma unroll
-        for (int rt = 0; rt < RT; rt++) vs[row0 + rt * G] = gdn__from_f32<I>(v[rt]);
+    for (int rt = 0; rt < RT; rt++) {
+        float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NV; n++)
+#pragma unroll
+            for (int e = 0; e < EV; e++) {
+                a0 = fmaf(st[rt][n][e], tv.k[n][e], a0);
+                if (OUTPUT) a1 = fmaf(st[rt][n][e], tv.q[n][e], a1);
+            }
+        dk[rt] = a0;
+        dq[rt] = a1;
+    }
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1)
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+            dk[rt] += __shfl_xor_sync(0xffffffffu, dk[rt], off);
+            if (OUTPUT) dq[rt] += __shfl_xor_sync(0xffffffffu, dq[rt], off);
+        }
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) {
+        const float u = tv.beta * (tv.v[rt] - tv.g * dk[rt]);
+        if (OUTPUT) o[rt] = tv.g * dq[rt] + u * tv.kq;
+#pragma unroll
+        for (int n = 0; n < NV; n++)
+#pragma unroll
+            for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(tv.g, st[rt][n][e], u * tv.k[n][e]);
+    }
 }
 
 /* Replay verify, by the row's last CTA (every fold from the read slot's tokens is done): copies k
@@ -153,24 +311,34 @@ __device__ __forceinline__ void store_shared_inputs(const gdn__layer_params &p, 
     }
 }
 
+/* Token staging: replay folds up to max_tokens stored tokens per row before its own, so its CTAs
+ * prepare every token once in shared memory and use short row reductions (SHARED); the cache
+ * strategy's decode and verify are faster with each lane group preparing its own token (measured on
+ * the H100, bench/results/2026-11-22-h100-kernels.md). */
+template <bool REPLAY> constexpr bool shared_staging() { return REPLAY; }
+
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool REPLAY>
 __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer_step_kernel(const gdn__layer_params p)
 {
-    using Geo = layer_geometry<K, S, REGS>;
+    constexpr bool SHARED = shared_staging<REPLAY>();
+    using Geo = layer_geometry<K, S, REGS, SHARED>;
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT;
+    extern __shared__ __align__(16) float smem[];
 
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int group = lane / L;   /* which of the G rows of a warp step */
     const int glane = lane % L;   /* lane within the row group */
     const int warps = blockDim.x >> 5;
-    const int V = p.V, T = ONE_TOKEN ? 1 : p.T, HV = p.HV;
+    const int V = p.V, T = ONE_TOKEN ? 1 : p.T, HV = p.HV, HK = p.HK;
     const int tile_rows = warps * Geo::ROWS_PER_WARP;
     const int tiles_per_head = V / tile_rows;
     const int h = blockIdx.x / tiles_per_head;
     const int tile = blockIdx.x % tiles_per_head;
     const int64_t i = blockIdx.y;
-    const int row0 = tile * tile_rows + warp * Geo::ROWS_PER_WARP + group; /* row of rt = 0 */
+    const int tile_row0 = tile * tile_rows;
+    const int local_row0 = warp * Geo::ROWS_PER_WARP + group; /* row of rt = 0 within the tile */
+    const int row0 = tile_row0 + local_row0;
 
     const int64_t r = p.read_slots[i];
     const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
@@ -189,7 +357,8 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
         return;
     }
 
-    /* Load every owned state row before the first use: RT * NV independent 16-byte loads. */
+    /* Load every owned state row before the first use: RT * NV independent 16-byte loads, in flight
+     * while the tokens are prepared. */
     const int64_t state_elems = (int64_t)V * K;
     const S *src = static_cast<const S *>(p.state) + r * p.slot_stride + h * state_elems;
     float st[RT][NV][EV];
@@ -199,121 +368,87 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
         for (int n = 0; n < NV; n++)
             gdn__load_vec_stream<S, EV>(src + (int64_t)(row0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
 
-    const int kh = h / (HV / p.HK);
-    const float A = expf(p.A_log[h]);
-    const float dt_bias = p.dt_bias[h];
-    const I *qp = static_cast<const I *>(p.q), *kp = static_cast<const I *>(p.k);
-    const I *vp = static_cast<const I *>(p.v), *ap = static_cast<const I *>(p.a);
-    const I *bp = static_cast<const I *>(p.b);
+    const int kh = h / (HV / HK);
+    const float A = expf(p.A_log[h]), dt_bias = p.dt_bias[h];
+    /* Replay: tokens 0..folds-1 are the read slot's accepted tokens of its last verify. */
+    const int folds = REPLAY ? min(p.pending[r], p.store_tokens) : 0;
+    shared_tokens s(smem, K, tile_rows, (REPLAY ? p.store_tokens : 0) + T, T);
+    if constexpr (SHARED) {
+        const int64_t token_elems = gdn__token_elems(HK, HV, K, V);
+        for (int j = warp; j < folds + T; j += warps) {
+            if (REPLAY && j < folds) {
+                const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
+                const I *vs = tb + (int64_t)HK * K, *as = vs + (int64_t)HV * V;
+                prepare_token<K, I, false>(p, s, j, 0, tb + (int64_t)kh * K, nullptr, vs + (int64_t)h * V, as + h,
+                                           as + HV + h, A, dt_bias, tile_row0, tile_rows, lane);
+            } else {
+                const int t = j - folds;
+                const int64_t tok = i * T + t, qk = (tok * HK + kh) * K, gate = tok * HV + h;
+                prepare_token<K, I, true>(p, s, j, t, static_cast<const I *>(p.k) + qk, static_cast<const I *>(p.q) + qk,
+                                          static_cast<const I *>(p.v) + gate * V, static_cast<const I *>(p.a) + gate,
+                                          static_cast<const I *>(p.b) + gate, A, dt_bias, tile_row0, tile_rows, lane);
+            }
+        }
+        __syncthreads();
+    }
+
+    /* Replay: the CTA has read pending[r] and its share of slot r's stored tokens (before the barrier
+     * above). It counts itself in now and learns at its end whether it was the row's last, so the
+     * atomic's round trip overlaps the token loop; that last CTA then does the row's bookkeeping. */
+    unsigned arrival = 0;
+    if (REPLAY && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
+
+    float o[RT];
+    if constexpr (REPLAY) {
+        /* Verify: this CTA's rows of v of the own tokens become slot w's stored v (exact copies; the
+         * preparation above read slot r's rows before the barrier, and no other CTA reads these rows). */
+        if (p.replay_verify) {
+            I *store = static_cast<I *>(p.token_store);
+            const I *vin = static_cast<const I *>(p.v);
+            const int64_t token_elems = gdn__token_elems(HK, HV, K, V);
+            for (int e = threadIdx.x; e < T * tile_rows; e += blockDim.x) {
+                const int t = e / tile_rows, row = tile_row0 + e % tile_rows;
+                store[(w * p.store_tokens + t) * token_elems + (int64_t)HK * K + (int64_t)h * V + row] =
+                    vin[((i * T + t) * HV + h) * V + row];
+            }
+        }
+        for (int j = 0; j < folds; j++) {
+            token_values<Geo> tv;
+            tv.template load_shared<false>(s, j, 0, K, tile_rows, local_row0, glane);
+            apply_token<Geo, false>(st, tv, o);
+        }
+        if (p.replay_verify) /* the pool gets the folded state; the own tokens stay pending */
+            store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, row0, glane);
+    }
+
     S *cache = static_cast<S *>(p.cache);
     const int64_t cache_token_stride = (int64_t)HV * state_elems;
-
-    /* Replay: tokens -pending..-1 are the read slot's accepted tokens of its last verify. */
-    const int pending = REPLAY ? p.pending[r] : 0;
-
     /* (Loading token t + 1's inputs during token t was measured slower: the extra registers cost
      * more occupancy than the hidden latency gained.) */
-    for (int t = -pending; t < T; t++) {
-        token_inputs<I, NV, EV, RT> cur;
-        if (REPLAY && t < 0) {
-            const I *tb = static_cast<const I *>(p.token_store) +
-                          (r * p.store_tokens + (t + pending)) * gdn__token_elems(p.HK, HV, K, V);
-            const I *va = tb + (int64_t)p.HK * K, *ga = va + (int64_t)HV * V;
-            cur.load(p, tb, tb, va, ga, ga + HV, 0, kh, h, row0, G, glane, L);
-        } else {
-            cur.load(p, kp, qp, vp, ap, bp, i * T + t, kh, h, row0, G, glane, L);
-        }
-        if (REPLAY && p.replay_verify && t == 0) /* the pool gets the folded state; own tokens stay pending */
-            store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, row0, glane);
-        if (REPLAY && p.replay_verify && t >= 0) store_token_v<K, I, RT, G>(p, cur.v, w, t, h, row0, glane);
-        float(&kv)[NV][EV] = cur.k;
-        float(&qv)[NV][EV] = cur.q;
-        const float(&vrow)[RT] = cur.v;
-        const float x = cur.a + dt_bias;
-        const float beta = 1.0f / (1.0f + expf(-cur.b));
-
-        const float sp = x <= 20.0f ? log1pf(expf(x)) : x;
-        const float g = expf(-A * sp);
-        float kk = 0.0f, qq = 0.0f, kq = 0.0f;
+    for (int t = 0; t < T; t++) {
+        token_values<Geo> tv;
+        if constexpr (SHARED) tv.template load_shared<true>(s, folds + t, t, K, tile_rows, local_row0, glane);
+        else tv.template load_direct<K, I>(p, i * T + t, kh, h, row0, glane, A, dt_bias);
+        apply_token<Geo, true>(st, tv, o);
+        if (glane == 0)
 #pragma unroll
-        for (int n = 0; n < NV; n++)
-#pragma unroll
-            for (int e = 0; e < EV; e++) {
-                kk = fmaf(kv[n][e], kv[n][e], kk);
-                qq = fmaf(qv[n][e], qv[n][e], qq);
-                kq = fmaf(kv[n][e], qv[n][e], kq);
-            }
-        kk = group_sum<L>(kk);
-        qq = group_sum<L>(qq);
-        kq = group_sum<L>(kq);
-        const float rk = p.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.0f;
-        const float rq = p.scale * (p.use_qk_l2norm ? rsqrtf(qq + 1e-6f) : 1.0f);
-        const float kq_hat = kq * rk * rq;
-#pragma unroll
-        for (int n = 0; n < NV; n++)
-#pragma unroll
-            for (int e = 0; e < EV; e++) {
-                kv[n][e] *= rk;
-                qv[n][e] *= rq;
-            }
-
-        /* Both dot products of every owned row with the old state, then the update. */
-        float dk[RT], dq[RT];
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++) {
-            float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll
-            for (int n = 0; n < NV; n++)
-#pragma unroll
-                for (int e = 0; e < EV; e++) {
-                    a0 = fmaf(st[rt][n][e], kv[n][e], a0);
-                    a1 = fmaf(st[rt][n][e], qv[n][e], a1);
-                }
-            dk[rt] = a0;
-            dq[rt] = a1;
-        }
-#pragma unroll
-        for (int off = L / 2; off > 0; off >>= 1)
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++) {
-                dk[rt] += __shfl_xor_sync(0xffffffffu, dk[rt], off);
-                dq[rt] += __shfl_xor_sync(0xffffffffu, dq[rt], off);
-            }
-
-        S *dst_tok = cache && !(REPLAY && t < 0) ? cache + i * p.cache_row_stride + t * cache_token_stride + h * state_elems
-                                                 : nullptr;
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++) {
-            const float u = beta * (vrow[rt] - g * dk[rt]);
-            const float o = g * dq[rt] + u * kq_hat;
-            if (glane == 0 && !(REPLAY && t < 0)) out[out_base + t * out_token_stride + row0 + rt * G] = gdn__from_f32<O>(o);
-#pragma unroll
-            for (int n = 0; n < NV; n++) {
-#pragma unroll
-                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(g, st[rt][n][e], u * kv[n][e]);
-                if (dst_tok)
-                    gdn__store_vec<S, EV>(dst_tok + (int64_t)(row0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
-            }
-        }
+            for (int rt = 0; rt < RT; rt++) out[out_base + t * out_token_stride + row0 + rt * G] = gdn__from_f32<O>(o[rt]);
+        if (cache)
+            store_rows<K, S, Geo>(cache + i * p.cache_row_stride + t * cache_token_stride + h * state_elems, st, row0, glane);
     }
 
     if (!cache && !(REPLAY && p.replay_verify))
         store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, row0, glane);
 
-    if constexpr (REPLAY) { /* the row's last CTA: every CTA has read pending[r] and folded */
+    if constexpr (REPLAY) { /* every CTA of the row has read slot r's tokens: slot w's may change */
         __shared__ int last_cta;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            last_cta = atomicAdd(&p.arrivals[i], 1u) == gridDim.x - 1;
-        }
+        if (threadIdx.x == 0) last_cta = arrival == gridDim.x - 1;
         __syncthreads();
         if (last_cta) {
             if (p.replay_verify) store_shared_inputs<K, I>(p, i, w, T);
             if (threadIdx.x == 0) {
                 p.pending[w] = 0;
                 p.arrivals[i] = 0;
-                __threadfence();
             }
         }
     }
@@ -329,14 +464,25 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool REPLAY>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
-    using Geo = layer_geometry<K, S, REGS>;
+    using Geo = layer_geometry<K, S, REGS, shared_staging<REPLAY>()>;
     int warps = 4;
     while (warps > 1 && ((int64_t)p->V % (warps * Geo::ROWS_PER_WARP) != 0 ||
                          (int64_t)p->B * p->HV * (p->V / (warps * Geo::ROWS_PER_WARP)) < GDN__SMALL_GRID_CTAS))
         warps /= 2;
     const int tiles_per_head = p->V / (warps * Geo::ROWS_PER_WARP);
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
-    layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, REPLAY><<<grid, warps * 32, 0, stream>>>(*p);
+    const int capacity = (REPLAY ? p->store_tokens : 0) + (ONE_TOKEN ? 1 : p->T);
+    const size_t smem = shared_staging<REPLAY>()
+                            ? sizeof(float) * shared_tokens::floats(K, warps * Geo::ROWS_PER_WARP, capacity, ONE_TOKEN ? 1 : p->T)
+                            : 0;
+    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, REPLAY>;
+    if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per instance, up to the largest case */
+        static const cudaError_t opt_in = cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            (int)(sizeof(float) * shared_tokens::floats(K, 4 * Geo::ROWS_PER_WARP, 2 * GDN_MAX_TOKENS, GDN_MAX_TOKENS)));
+        GDN__CUDA_TRY(opt_in);
+    }
+    kernel<<<grid, warps * 32, smem, stream>>>(*p);
     GDN__CUDA_TRY(cudaGetLastError());
     return GDN_OK;
 }
@@ -346,9 +492,9 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool REPLAY>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
-    constexpr int BIG = big_regs<S>();
-    using Big = layer_geometry<K, S, BIG>;
-    using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL>;
+    constexpr int BIG = big_regs_for<S, REPLAY>();
+    using Big = layer_geometry<K, S, BIG, shared_staging<REPLAY>()>;
+    using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, shared_staging<REPLAY>()>;
     const int64_t big_warps = (int64_t)p->B * p->HV * (p->V / Big::ROWS_PER_WARP);
     const int64_t small_warps = (int64_t)p->B * p->HV * (p->V / Small::ROWS_PER_WARP);
     if (big_warps >= 4 * GDN__SMALL_GRID_CTAS) return launch_regs<K, S, I, O, BIG, ONE_TOKEN, REPLAY>(p, stream);

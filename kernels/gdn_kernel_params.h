@@ -18,8 +18,8 @@
  *   replay_verify == 0 (decode, or a flush when T == 0): run the T tokens, state[w, h] = S;
  *   replay_verify == 1 (verify): state[w, h] = S (the folded state), run the T tokens from it for the
  *   outputs, and store their inputs as slot w's tokens, once every fold that reads slot r's is done;
- * and once every head of the row is done: pending[w] = 0. A token's stored inputs (input_dtype) are
- * k [HK, K], v [HV, V], a [HV], b [HV] in that order.
+ * and once every head of the row has read pending[r] and slot r's tokens: pending[w] = 0. A token's
+ * stored inputs (input_dtype) are k [HK, K], v [HV, V], a [HV], b [HV] in that order.
  *
  * Commit (one launch for all layers): row i is skipped when r = read_slots[i] < 0 (padding). With
  * w = write_slots[i] (or r when write_slots is NULL) and n = clamp(accepted[i], 0, T):

@@ -304,18 +304,20 @@ Test(gpu_engine, capture_callback_work_is_replayed_with_the_step, .timeout = 300
     gdn_engine_destroy(with_callback);
 }
 
-Test(gpu_engine, replay_strategy_is_refused_until_its_kernels_exist)
+Test(gpu_engine, replay_strategy_runs_on_the_gpu_with_auto_backend)
 {
     test_require_gpu();
-    unsetenv("GDN_EXPERIMENTAL_CUDA_REPLAY");
     gdn_engine_config c = test_config("tiny", 1, GDN_DTYPE_F32, 4, 4, 2);
     c.verify_strategy = GDN_VERIFY_REPLAY;
+    c.backend = GDN_BACKEND_AUTO; /* AUTO picks the GPU here, whatever the strategy */
     gdn_engine *e = NULL;
-    c.backend = GDN_BACKEND_CUDA;
-    cr_assert_eq(gdn_engine_create(&c, &e), GDN_ENOTSUP);
-    c.backend = GDN_BACKEND_AUTO; /* AUTO picks the GPU here and must not fall back silently */
-    cr_assert_eq(gdn_engine_create(&c, &e), GDN_ENOTSUP);
-    cr_assert_null(e);
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
+    cr_assert_eq(gdn_engine_backend(e), GDN_BACKEND_CUDA);
+    gdn_memory_report m;
+    cr_assert_eq(gdn_engine_memory(e, &m), GDN_OK);
+    cr_assert_eq(m.verify_cache, 0, "replay keeps no per-token states");
+    cr_assert_gt(m.token_store, 0);
+    gdn_engine_destroy(e);
 }
 
 Test(gpu_engine, k_not_equal_v_and_l2norm_off)

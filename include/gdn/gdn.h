@@ -134,8 +134,8 @@ typedef enum gdn_verify_strategy {
      * a few KB a head), commit only records the accepted count, and the next kernel that touches
      * the slot folds the accepted tokens into the state in registers before its own (SPEC 3.2): one
      * state read and one write per step whatever T is. Reading a state through the API folds first.
-     * Verified on the CPU backend; its CUDA kernels have not run on a GPU yet, so on the CUDA backend
-     * gdn_engine_create returns GDN_ENOTSUP unless the environment has GDN_EXPERIMENTAL_CUDA_REPLAY=1. */
+     * Less memory than the cache and a faster verify + commit; its decode steps are slower than the
+     * cache strategy's (bench/results, README). Both backends. */
     GDN_VERIFY_REPLAY = 1,
 } gdn_verify_strategy;
 
