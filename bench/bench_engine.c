@@ -2,15 +2,16 @@
  * gdn-bench --engine: the engine's whole step (SPEC 5, issue 4). A qwen3-next model of 36 GDN layers
  * on the CUDA backend with graphs captured at creation; for each bucket and T it reports
  *   - host us per step: begin_step + run_step (+ commit for verify) as the serving loop calls them,
- *     each step timed alone inside bursts of 12 after a sync (the ring holds 64, so no call waits for
- *     the GPU): median and 90th percentile, and the median of the commit call alone;
+ *     each step timed alone inside bursts of --host-burst steps (default 12) after a sync (the ring
+ *     holds 64, so no call waits for the ring): median and 90th percentile, and the median of the
+ *     commit call alone;
  *   - GPU us per step, replaying the step's graph (index upload included);
  *   - the same step as 36 direct launches (gdn_engine_run_layer per layer);
  *   - the sum of the single-layer kernel times: the 36 direct launches queued behind a spin kernel, so
  *     the GPU runs them back to back with no host launch gaps;
  * and the ratio graph / sum (target <= 1.05) and host us (target <= 5).
  *
- *   gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--json FILE]
+ *   gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--host-burst N] [--json FILE]
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -99,17 +100,22 @@ static int time_on_gpu(gdn_engine *e, const int32_t *slots, int32_t bucket, int3
     return 0;
 }
 
+/* Steps issued back to back between syncs when timing the host (--host-burst): 12 queues up to 12
+ * steps of GPU work; a serving loop that waits for each step's sampled tokens runs 1 or 2 ahead. */
+static int host_burst = 12;
+
 static int measure(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t tokens, int32_t layers, cudaStream_t s,
                    engine_row *row)
 {
-    enum { BURST = 12, BURSTS = 31 };
+    enum { SAMPLES = 372 };
+    const int BURST = host_burst, BURSTS = SAMPLES / host_burst;
     for (int w = 0; w < 3; w++)
         if (issue_step(e, slots, bucket, tokens, s)) return -1;
     CHECK_CUDA(cudaStreamSynchronize(s));
 
     /* Host time: every step of bursts that stay well inside the staging ring, each burst after a
      * sync, timed one by one; the median of all of them (and the 90th percentile). */
-    double host[BURSTS * BURST], commit[BURSTS * BURST];
+    double host[SAMPLES], commit[SAMPLES];
     int n_host = 0;
     for (int b = 0; b < BURSTS; b++) {
         CHECK_CUDA(cudaStreamSynchronize(s));
@@ -179,11 +185,15 @@ int gdn_bench_engine_main(int argc, char **argv)
         else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
         else if (!strcmp(a, "--max-batch") && v) max_batch = atoi(argv[++i]);
         else if (!strcmp(a, "--json") && v) json = argv[++i];
-        else if (!strcmp(a, "--tokens") && v) {
+        else if (!strcmp(a, "--host-burst") && v) {
+            host_burst = atoi(argv[++i]);
+            if (host_burst < 1 || host_burst > 12) host_burst = 12;
+        } else if (!strcmp(a, "--tokens") && v) {
             n_tokens = 0;
             for (char *tok = strtok(argv[++i], ","); tok && n_tokens < 8; tok = strtok(NULL, ",")) tokens[n_tokens++] = atoi(tok);
         } else {
-            fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--json FILE]\n");
+            fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] "
+                            "[--host-burst 1..12] [--json FILE]\n");
             return 2;
         }
     }
@@ -210,8 +220,8 @@ int gdn_bench_engine_main(int argc, char **argv)
     gdn_memory_report mem;
     CHECK_GDN(gdn_engine_memory(e, &mem));
     printf("engine: qwen3-next x %d layers, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets; created in %.0f ms"
-           " (graphs included)\n", layers, state == GDN_DTYPE_F32 ? "f32" : "bf16", max_batch, max_batch, max_tokens,
-           rc->num_buckets, create_ms);
+           " (graphs included); host timed in bursts of %d steps\n", layers, state == GDN_DTYPE_F32 ? "f32" : "bf16",
+           max_batch, max_batch, max_tokens, rc->num_buckets, create_ms, host_burst);
     printf("device memory: pools %.2f GiB, verify cache %.2f GiB, io %.2f GiB, total %.2f GiB\n",
            mem.state_pools / 1073741824.0, mem.verify_cache / 1073741824.0, mem.io_buffers / 1073741824.0,
            mem.total / 1073741824.0);
@@ -249,8 +259,8 @@ int gdn_bench_engine_main(int argc, char **argv)
             perror(json);
             return 1;
         }
-        fprintf(f, "{\"mode\": \"engine\", \"preset\": \"qwen3-next\", \"layers\": %d, \"state\": \"%s\", \"rows\": [\n", layers,
-                state == GDN_DTYPE_F32 ? "f32" : "bf16");
+        fprintf(f, "{\"mode\": \"engine\", \"preset\": \"qwen3-next\", \"layers\": %d, \"state\": \"%s\", \"host_burst\": %d, "
+                   "\"rows\": [\n", layers, state == GDN_DTYPE_F32 ? "f32" : "bf16", host_burst);
         for (int i = 0; i < n_rows; i++)
             fprintf(f, "  {\"bucket\": %d, \"T\": %d, \"host_us\": %.3f, \"host_p90_us\": %.3f, \"commit_host_us\": %.3f, "
                        "\"graph_us\": %.3f, \"direct_us\": %.3f, \"kernel_sum_us\": %.3f}%s\n", rows[i].bucket, rows[i].tokens,
