@@ -354,31 +354,38 @@ static void *slot_state(const gdn_engine *e, int32_t layer, int32_t slot)
     return (char *)e->state + (size_t)offset * gdn_dtype_size(e->config.state_dtype);
 }
 
-/* Replay: the slot's state is now exactly what the pool holds (nothing pending). */
-static gdn_status clear_pending(gdn_engine *e, int32_t slot, void *stream)
+/* Replay: the slot's state in layers [first, end) is now exactly what the pool holds (nothing
+ * pending). */
+static gdn_status clear_pending_layers(gdn_engine *e, int32_t slot, int32_t first, int32_t end, void *stream)
 {
     gdn_status status = GDN_OK;
-    for (int32_t l = 0; replay(e) && l < e->config.model.num_layers && status == GDN_OK; l++)
+    for (int32_t l = first; replay(e) && l < end && status == GDN_OK; l++)
         status = e->backend.iface->zero(e->backend.ctx, pending_buffer(e, l) + slot, sizeof(int32_t), stream);
     return status;
+}
+
+static gdn_status clear_pending(gdn_engine *e, int32_t slot, void *stream)
+{
+    return clear_pending_layers(e, slot, 0, e->config.model.num_layers, stream);
 }
 
 static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens,
                               int32_t bucket, gdn__layer_params *p);
 
-/* Replay: folds the slot's pending tokens into its state in every layer (a zero-token step of the one
- * slot), synchronously. */
-static gdn_status flush_slot(gdn_engine *e, int32_t slot)
+/* Replay: folds the slot's pending tokens of one layer into that layer's state (a zero-token step
+ * of the one slot), synchronously. Layers keep their own pending counts, so the others stay as they
+ * are. */
+static gdn_status flush_slot_layer(gdn_engine *e, int32_t slot, int32_t layer)
 {
     if (!replay(e)) return GDN_OK;
     const gdn__backend_iface *b = e->backend.iface;
     gdn_status status = GDN_OK;
     if (e->clear_flag[slot]) /* freed since the last step: its pending tokens belong to the last owner */
-        status = clear_pending(e, slot, NULL);
+        status = clear_pending_layers(e, slot, layer, layer + 1, NULL);
     if (status == GDN_OK) status = b->upload(e->backend.ctx, flush_row_buffer(e), &slot, sizeof slot, NULL);
-    for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++) {
+    if (status == GDN_OK) {
         gdn__layer_params p;
-        fill_layer_params(e, l, GDN_STEP_DECODE, 0, 1, &p);
+        fill_layer_params(e, layer, GDN_STEP_DECODE, 0, 1, &p);
         p.read_slots = p.write_slots = flush_row_buffer(e);
         status = b->layer_step(e->backend.ctx, &p, NULL);
     }
@@ -415,7 +422,7 @@ gdn_status gdn_slot_read_state(gdn_engine *e, int32_t layer, int32_t slot, void 
 {
     if (!e || !host_dst) return GDN_EINVAL;
     gdn_status status = check_slot_layer(e, layer, slot);
-    if (status == GDN_OK) status = flush_slot(e, slot); /* replay: the pool lags by the pending tokens */
+    if (status == GDN_OK) status = flush_slot_layer(e, slot, layer); /* replay: the pool lags by the pending tokens */
     if (status != GDN_OK) return status;
     status = e->backend.iface->download(e->backend.ctx, host_dst, slot_state(e, layer, slot), slot_state_bytes(e), NULL);
     return status == GDN_OK ? e->backend.iface->synchronize(e->backend.ctx, NULL) : status;
@@ -426,7 +433,8 @@ gdn_status gdn_slot_write_state(gdn_engine *e, int32_t layer, int32_t slot, cons
     if (!e || !host_src) return GDN_EINVAL;
     gdn_status status = check_slot_layer(e, layer, slot);
     if (status != GDN_OK) return status;
-    if (status == GDN_OK) status = flush_slot(e, slot); /* the other layers keep their folded states */
+    /* Replay: the written state replaces the layer's pending tokens too (nothing to fold). */
+    if (status == GDN_OK) status = clear_pending_layers(e, slot, layer, layer + 1, NULL);
     if (status == GDN_OK)
         status = e->backend.iface->upload(e->backend.ctx, slot_state(e, layer, slot), host_src, slot_state_bytes(e), NULL);
     return status == GDN_OK ? e->backend.iface->synchronize(e->backend.ctx, NULL) : status;

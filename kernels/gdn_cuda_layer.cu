@@ -53,15 +53,11 @@
 /* State values per thread on large grids. bf16 state holds 64 (16-byte loads carry 8 values, so 32
  * would leave too few bytes in flight per SM); fp32 holds 32. */
 template <typename S> constexpr int big_regs() { return sizeof(S) == 2 ? 64 : 32; }
-
-/* The same for the replay instances (shared staging), where more warps hide the token loop. */
-#ifndef GDN__REPLAY_REGS_BF16
-#define GDN__REPLAY_REGS_BF16 64
-#endif
-template <typename S, bool REPLAY> constexpr int big_regs_for() { return REPLAY && sizeof(S) == 2 ? GDN__REPLAY_REGS_BF16 : big_regs<S>(); }
+/* (The replay instances too: 32 bf16 values per thread, more warps for the token loop, was measured
+ * slower on the H100, 2026-11-22.) */
 
 /* Minimum resident 128-thread CTAs per SM (__launch_bounds__), i.e. the register cap, measured on
- * H200 (bench/results/2026-11-21-h100-kernels.md): 64 values per thread: 4 (128 registers); fp32
+ * H200 (bench/results/2026-11-21-h200-kernels.md): 64 values per thread: 4 (128 registers); fp32
  * decode: uncapped; otherwise 6 (80 registers, no spills). */
 template <typename S, bool ONE_TOKEN, int REGS> constexpr int min_blocks()
 {
@@ -492,7 +488,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool REPLAY>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
-    constexpr int BIG = big_regs_for<S, REPLAY>();
+    constexpr int BIG = big_regs<S>();
     using Big = layer_geometry<K, S, BIG, shared_staging<REPLAY>()>;
     using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, shared_staging<REPLAY>()>;
     const int64_t big_warps = (int64_t)p->B * p->HV * (p->V / Big::ROWS_PER_WARP);

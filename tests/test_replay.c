@@ -101,6 +101,23 @@ Test(replay, pending_tokens_are_folded_before_a_read_and_dropped_by_a_write)
     double *again = test_read_state(e, 1, s);
     cr_assert_eq(memcmp(again, before[1], elems * sizeof(double)), 0, "a second read folds nothing more");
     free(again);
+
+    /* A second verify leaves two tokens pending in both layers. Writing layer 0 drops layer 0's (the
+     * written state reads back exactly); layer 1 keeps its own, which its read then folds. */
+    for (int32_t l = 0; l < 2; l++) test_inputs_free(&in[l]), test_write_inputs(e, l, 1, 3, &rng, &in[l]);
+    test_run_step(e, GDN_STEP_VERIFY, 3, 1, &s, NULL);
+    test_set_accepted(e, accepted, 1);
+    cr_assert_eq(gdn_engine_commit(e, NULL), GDN_OK);
+    float *written = malloc(test_state_bytes(e));
+    for (size_t j = 0; j < elems; j++) written[j] = (float)(test_rng_uniform(&rng) - 0.5);
+    cr_assert_eq(gdn_slot_write_state(e, 0, s, written), GDN_OK);
+    double *layer0 = test_read_state(e, 0, s);
+    for (size_t j = 0; j < elems; j++) cr_assert_eq(layer0[j], (double)written[j], "layer 0 element %zu", j);
+    test_reference_row(rc, &in[1], 0, 2, params + 8, params + 12, before[1], NULL);
+    test_round_to(before[1], elems, GDN_DTYPE_F32);
+    double *layer1 = test_read_state(e, 1, s);
+    cr_assert_leq(test_error_ratio(layer1, before[1], elems, 1e-6, 1e-6), 1.0, "layer 1 folds its own pending tokens");
+    free(written), free(layer0), free(layer1);
     for (int32_t l = 0; l < 2; l++) test_inputs_free(&in[l]), free(before[l]);
     free(params);
     gdn_engine_destroy(e);

@@ -404,7 +404,8 @@ GDN_API gdn_status gdn_engine_download(gdn_engine *engine, void *host_dst, const
 /*
  * Copies a slot's state between the pool of `layer` and host memory (dtype elements, HV*V*K of them),
  * synchronously. For tests, prefill hand-off and inspection; not for the step path. The slot must be
- * allocated.
+ * allocated. With the replay strategy a read first folds the layer's accepted-but-pending tokens into
+ * the pool (so it returns the current state), and a write replaces them with the written state.
  */
 GDN_API gdn_status gdn_slot_read_state(gdn_engine *engine, int32_t layer, int32_t slot, void *host_dst);
 GDN_API gdn_status gdn_slot_write_state(gdn_engine *engine, int32_t layer, int32_t slot,
