@@ -13,9 +13,6 @@
 extern "C" {
 #endif
 
-/* GDN_OK when gdn__cuda_layer_step runs this shape (K, V in {64, 128, 256}, dtypes, T range). */
-gdn_status gdn__cuda_layer_step_supported(const gdn__layer_params *p);
-
 /* One layer step (decode in place, or verify into the cache). GDN_ENOTSUP, GDN_EINVAL or GDN_ECUDA. */
 gdn_status gdn__cuda_layer_step(const gdn__layer_params *p, void *stream);
 

@@ -556,12 +556,6 @@ static gdn_status check_shape(const gdn__layer_params *p)
     return dispatch(p, nullptr, false);
 }
 
-extern "C" gdn_status gdn__cuda_layer_step_supported(const gdn__layer_params *p)
-{
-    if (!p) return GDN_EINVAL;
-    return check_shape(p);
-}
-
 extern "C" gdn_status gdn__cuda_layer_step(const gdn__layer_params *p, void *stream)
 {
     if (!p) return GDN_EINVAL;
