@@ -16,7 +16,7 @@ export LD_LIBRARY_PATH="$bundle${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
 limit=${GDN_VERIFY_LIMIT:-400}
-(timeout "$limit" "$bundle/run-tests.sh" -j1 > "$out/all_tests.log" 2>&1; echo "run-tests exit $?" >> "$out/all_tests.log") &
+(timeout "$limit" "$bundle/run-tests.sh" -j4 > "$out/all_tests.log" 2>&1; echo "run-tests exit $?" >> "$out/all_tests.log") &
 if [ "${GDN_VERIFY_SANITIZE:-1}" = 1 ]; then
     for suite in test_gpu_kernels test_gpu_engine test_gpu_replay; do
         (timeout "$limit" compute-sanitizer --tool memcheck --leak-check no "$bundle/$suite" -j1 \
