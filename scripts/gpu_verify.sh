@@ -8,6 +8,8 @@
 #   GDN_VERIFY_SANITIZE=0 skips the sanitizers; GDN_VERIFY_BENCH=0 skips the benches;
 #   GDN_VERIFY_LIMIT (seconds, default 400) bounds the parallel phase, so that the benches still run
 #   inside a 10-minute call (a suite cut short shows up as such in its log and in the summary).
+#   GDN_VERIFY_PACK=1 replaces the logs by one OUT_DIR/logs.tar.gz (for remote runners that return
+#   only a few files).
 set -u
 bundle=$(cd "${1:-gpu-bundle}" && pwd) || exit 2
 out=${2:-${OUT:-gpu-verify-out}}
@@ -40,4 +42,7 @@ if [ "${GDN_VERIFY_BENCH:-1}" = 1 ]; then
         > "$out/strategies.txt" 2>&1
     echo "== engine bench";     grep -v capturing "$out/engine_bf16.txt"
     echo "== strategies bench"; cat "$out/strategies.txt"
+fi
+if [ "${GDN_VERIFY_PACK:-0}" = 1 ]; then
+    (cd "$out" && tar czf logs.tar.gz --exclude logs.tar.gz ./* && find . -maxdepth 1 -type f ! -name logs.tar.gz -delete)
 fi
