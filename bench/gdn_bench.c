@@ -85,12 +85,24 @@ typedef struct preset {
     int HK, HV, K, V;
 } preset;
 
-static const preset presets[] = {
-    {"qwen3-next", 16, 32, 128, 128},
-    {"qwen3.5", 16, 64, 128, 128},
-    {"tiny", 2, 4, 64, 64},
+/* The library's model presets (gdn_model_preset), then shapes that are not models. */
+static preset presets[] = {
+    {"qwen3-next", 0, 0, 0, 0},
+    {"qwen3.5", 0, 0, 0, 0},
+    {"tiny", 0, 0, 0, 0},
     {"wide", 2, 4, 256, 256}, /* not a model: covers K = V = 256 */
 };
+
+static int load_model_presets(void)
+{
+    for (int j = 0; j < 3; j++) {
+        gdn_model_config m;
+        if (gdn_model_preset(presets[j].name, 1, &m) != GDN_OK) return -1;
+        presets[j].HK = m.num_k_heads, presets[j].HV = m.num_v_heads;
+        presets[j].K = m.head_dim_k, presets[j].V = m.head_dim_v;
+    }
+    return 0;
+}
 
 typedef struct options {
     int npresets;
@@ -707,6 +719,10 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--engine")) return gdn_bench_engine_main(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "--strategies")) return gdn_bench_strategies_main(argc - 1, argv + 1);
+    if (load_model_presets()) {
+        fprintf(stderr, "gdn-bench: gdn_model_preset failed\n");
+        return 2;
+    }
     options o = {0};
     o.time = 1, o.reps = 50;
     static const int def_batch[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}, def_tokens[] = {1, 2, 4, 8, 16};
