@@ -17,9 +17,11 @@
  *      accepts (0..T), writes the counts into the engine's accepted buffer (device memory on CUDA) and
  *      commits them. Requests advance by what they accepted and retire when they have their tokens
  *      (gdn_slot_free). Batch sizes move up and down, so different padding buckets get used.
+ *      `--verify replay` picks the replay strategy (no per-token states; the accepted tokens are
+ *      folded into the state by the slot's next kernel, or by a state read).
  *   4. Independently of the engine, the example keeps every live request's state of every layer on the
  *      host in float64 and applies the same tokens with the reference (gdn__ref_head), rounding the
- *      state to the pool's dtype exactly where the engine stores it. Every output the engine produced
+ *      state to the pool's dtype exactly where the engine stores it (which depends on the strategy). Every output the engine produced
  *      is compared with the reference; states are compared when a request retires, every few steps,
  *      and at the end, against SPEC section 4's tolerances.
  *
@@ -29,7 +31,7 @@
  *   gdn-serving-loop [--preset tiny|qwen3-next|qwen3.5] [--layers N] [--steps N] [--seed N]
  *                    [--state f32|bf16] [--input bf16|f16] [--output bf16|f32]
  *                    [--backend auto|cpu|cuda] [--max-batch N] [--max-tokens N] [--slots N]
- *                    [--check-every N] [--verbose]
+ *                    [--verify cache|replay] [--check-every N] [--verbose]
  *
  * Exit status: 0 when every check passed, 1 on a failed check or an API error, 2 on a bad argument.
  */
@@ -112,6 +114,7 @@ typedef struct options {
     uint64_t seed;
     gdn_dtype state_dtype, input_dtype, output_dtype;
     gdn_backend_kind backend;
+    gdn_verify_strategy verify;
 } options;
 
 static void usage(FILE *f)
@@ -129,6 +132,7 @@ static void usage(FILE *f)
             "  --max-batch N      most rows in a step (default 16)\n"
             "  --max-tokens N     most tokens in a verify step, 1..%d (default 4)\n"
             "  --slots N          state slots = most live requests (default 1.25 x max-batch)\n"
+            "  --verify S         verify strategy: cache (default) or replay\n"
             "  --check-every N    compare every live state every N steps (default 20, 0: never)\n"
             "  --verbose          one line per step\n",
             GDN_MAX_TOKENS);
@@ -164,7 +168,7 @@ static int parse_options(int argc, char **argv, options *o)
     *o = (options){.preset = "tiny", .layers = 3, .steps = 96, .max_batch = 16, .max_tokens = 4,
                    .slots = 0, .check_every = 20, .seed = 42, .state_dtype = GDN_DTYPE_F32,
                    .input_dtype = GDN_DTYPE_BF16, .output_dtype = GDN_DTYPE_BF16,
-                   .backend = GDN_BACKEND_AUTO};
+                   .backend = GDN_BACKEND_AUTO, .verify = GDN_VERIFY_CACHE};
     for (int i = 1; i < argc; i++) {
         const char *flag = argv[i], *arg = i + 1 < argc ? argv[i + 1] : NULL;
         long n = 0;
@@ -196,6 +200,10 @@ static int parse_options(int argc, char **argv, options *o)
             ok = parse_dtype(flag, arg, &o->input_dtype);
         } else if (strcmp(flag, "--output") == 0) {
             ok = parse_dtype(flag, arg, &o->output_dtype);
+        } else if (strcmp(flag, "--verify") == 0) {
+            if (arg && strcmp(arg, "cache") == 0) o->verify = GDN_VERIFY_CACHE;
+            else if (arg && strcmp(arg, "replay") == 0) o->verify = GDN_VERIFY_REPLAY;
+            else ok = 0;
         } else if (strcmp(flag, "--backend") == 0) {
             if (arg && strcmp(arg, "auto") == 0) o->backend = GDN_BACKEND_AUTO;
             else if (arg && strcmp(arg, "cpu") == 0) o->backend = GDN_BACKEND_CPU;
@@ -231,6 +239,7 @@ typedef struct request {
     int id;
     int wanted;   /* tokens this request will generate before it retires */
     int done;     /* tokens generated (committed to the state) so far */
+    int unfolded; /* replay: accepted tokens are pending (ref includes them, not yet rounded) */
     double *ref;  /* the host reference state, [layers][HV][V][K] float64 */
 } request;
 
@@ -324,6 +333,7 @@ static void create_engine(server *s)
     config.max_batch = o->max_batch;
     config.max_tokens = o->max_tokens;
     config.backend = o->backend;
+    config.verify_strategy = o->verify;
     /* num_buckets stays 0: the default list (1, 2, 4, 8, then every 8) up to max_batch. */
 
     /* Validation happens here too: a bad field comes back as the GDN_ECONFIG_* code naming it, and
@@ -357,10 +367,12 @@ static void create_engine(server *s)
     printf("model: %s, %d layers, HK %d, HV %d, K %d, V %d; state %s, inputs %s, outputs %s\n", o->preset,
            s->L, s->HK, s->HV, s->K, s->V, dtype_name(s->state_dtype), dtype_name(s->input_dtype),
            dtype_name(s->output_dtype));
-    printf("engine: %d slots, max_batch %d, max_tokens %d, %d buckets; %.1f MiB of backend memory "
-           "(pools %.1f, verify cache %.1f)\n",
-           s->num_slots, s->max_batch, s->max_tokens, (int)c->num_buckets, (double)mem.total / 1048576.0,
-           (double)mem.state_pools / 1048576.0, (double)mem.verify_cache / 1048576.0);
+    printf("engine: %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify; %.1f MiB of backend "
+           "memory (pools %.1f, verify cache %.1f, token store %.1f)\n",
+           s->num_slots, s->max_batch, s->max_tokens, (int)c->num_buckets,
+           c->verify_strategy == GDN_VERIFY_REPLAY ? "replay" : "cache", (double)mem.total / 1048576.0,
+           (double)mem.state_pools / 1048576.0, (double)mem.verify_cache / 1048576.0,
+           (double)mem.token_store / 1048576.0);
 
     /* SPEC 4: bf16 pools are held to a tighter output bound against a bf16-rounded reference. */
     if (s->state_dtype == GDN_DTYPE_BF16) {
@@ -422,7 +434,11 @@ static void allocate_host_buffers(server *s)
 /* Reads the request's state in every layer back from the pool and compares it with the reference. */
 static void check_state(server *s, int32_t slot)
 {
-    const request *r = &s->req[slot];
+    request *r = &s->req[slot];
+    /* Replay: the read first folds the pending tokens and stores the state, rounded there. */
+    if (r->unfolded)
+        for (int64_t e = 0; e < (int64_t)s->L * s->slot_elems; e++) r->ref[e] = round_to(s->state_dtype, r->ref[e]);
+    r->unfolded = 0;
     for (int l = 0; l < s->L; l++) {
         CHECK(s->engine, gdn_slot_read_state(s->engine, l, slot, s->state_io));
         const double *ref = r->ref + (int64_t)l * s->slot_elems;
@@ -560,13 +576,16 @@ static void keep_state_hook(void *user, int32_t t, const double *S)
  * Replays row i of the step on the host reference, layer by layer and head by head, from the very
  * bf16/fp16 inputs the engine saw: all T tokens are run (from a scratch copy of the state) so that
  * every output can be compared, and the reference state takes the state after the `n` accepted tokens.
+ * With the replay strategy a verify's accepted tokens are not stored yet: the pool gets the state the
+ * verify started from, and the next kernel that touches the slot applies them to it (so does ref).
  */
-static void reference_row(server *s, int i, int T, int n)
+static void reference_row(server *s, int i, int T, int n, int verify)
 {
     request *r = &s->req[s->rows[i]];
     const int heads_per_key = s->HV / s->HK;
     const int64_t head_elems = (int64_t)s->V * s->K;
     const gdn_dtype in = s->input_dtype;
+    const int pending_after = verify && s->opt.verify == GDN_VERIFY_REPLAY;
     for (int l = 0; l < s->L; l++) {
         for (int h = 0; h < s->HV; h++) {
             const int kh = h / heads_per_key;
@@ -583,16 +602,10 @@ static void reference_row(server *s, int i, int T, int n)
             }
             double *state = r->ref + (int64_t)l * s->slot_elems + (int64_t)h * head_elems;
             memcpy(s->S, state, (size_t)head_elems * sizeof(double));
-            keep_state keep = {.token = n - 1, .elems = head_elems, .dst = state};
+            keep_state keep = {.token = pending_after ? -1 : n - 1, .elems = head_elems, .dst = state};
             gdn__ref_head(T, s->K, s->V, s->S, s->qd, s->kd, s->K, s->vd, s->V, s->ad, s->bd,
                           s->A_log[l * s->HV + h], s->dt_bias[l * s->HV + h], s->scale, s->use_qk_l2norm, s->od, s->V,
                           keep_state_hook, &keep);
-            /* The engine keeps the state in fp32 between the tokens of one call and rounds it once to
-             * the pool's dtype where it stores it: after a decode token, and (through the verify
-             * cache) after the last accepted token. Round the reference at the same point. Rows that
-             * accepted nothing keep their state, which is already a stored value. */
-            if (n > 0)
-                for (int64_t e = 0; e < head_elems; e++) state[e] = round_to(s->state_dtype, state[e]);
 
             /* Outputs of every token, against the reference rounded to the output dtype. */
             for (int t = 0; t < T; t++) {
@@ -611,8 +624,28 @@ static void reference_row(server *s, int i, int T, int n)
                     }
                 }
             }
+
+            /* The engine keeps the state in fp32 between the tokens of one call and rounds it once to
+             * the pool's dtype where it stores it. Cache strategy: after a decode token, and (through
+             * the verify cache) after the last accepted token; rows that accepted nothing keep their
+             * stored state. Replay verify: the state it started from (pending tokens folded) is
+             * stored, and the accepted tokens are applied to that stored value, unrounded, later. */
+            if (pending_after) {
+                for (int64_t e = 0; e < head_elems; e++) state[e] = round_to(s->state_dtype, state[e]);
+                if (n > 0) {
+                    memcpy(s->S, state, (size_t)head_elems * sizeof(double));
+                    keep = (keep_state){.token = n - 1, .elems = head_elems, .dst = state};
+                    gdn__ref_head(n, s->K, s->V, s->S, s->qd, s->kd, s->K, s->vd, s->V, s->ad, s->bd,
+                                  s->A_log[l * s->HV + h], s->dt_bias[l * s->HV + h], s->scale, s->use_qk_l2norm,
+                                  s->od, s->V, keep_state_hook, &keep);
+                }
+            } else if (n > 0) {
+                for (int64_t e = 0; e < head_elems; e++) state[e] = round_to(s->state_dtype, state[e]);
+            }
         }
     }
+    if (pending_after) r->unfolded = n > 0;
+    else if (n > 0) r->unfolded = 0;
 }
 
 /* Picks up to max_batch live requests round-robin, so that every live request keeps moving even when
@@ -685,7 +718,7 @@ static void run_step(server *s, int step_no)
     /* The independent check: the same tokens through the host reference. */
     int accepted_sum = 0;
     for (int i = 0; i < batch; i++) {
-        reference_row(s, i, T, s->accepted[i]);
+        reference_row(s, i, T, s->accepted[i], verify);
         accepted_sum += s->accepted[i];
     }
 
