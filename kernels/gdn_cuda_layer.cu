@@ -99,6 +99,8 @@ template <int L> __device__ __forceinline__ float group_sum(float x)
 struct shared_tokens {
     float *khat, *qhat, *v, *gate, *beta, *kq;
 
+    /* Tokens a CTA prepares at most: the replay fold's (up to store_tokens) and the step's T. */
+    static __host__ __device__ int capacity(bool replay, int store_tokens, int T) { return (replay ? store_tokens : 0) + T; }
     static __host__ __device__ size_t floats(int K, int tile_rows, int capacity, int T)
     {
         return (size_t)capacity * (K + tile_rows + 2) + (size_t)T * (K + 1);
@@ -368,7 +370,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
     const float A = expf(p.A_log[h]), dt_bias = p.dt_bias[h];
     /* Replay: tokens 0..folds-1 are the read slot's accepted tokens of its last verify. */
     const int folds = REPLAY ? min(p.pending[r], p.store_tokens) : 0;
-    shared_tokens s(smem, K, tile_rows, (REPLAY ? p.store_tokens : 0) + T, T);
+    shared_tokens s(smem, K, tile_rows, shared_tokens::capacity(REPLAY, p.store_tokens, T), T);
     if constexpr (SHARED) {
         const int64_t token_elems = gdn__token_elems(HK, HV, K, V);
         for (int j = warp; j < folds + T; j += warps) {
@@ -467,15 +469,17 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         warps /= 2;
     const int tiles_per_head = p->V / (warps * Geo::ROWS_PER_WARP);
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
-    const int capacity = (REPLAY ? p->store_tokens : 0) + (ONE_TOKEN ? 1 : p->T);
-    const size_t smem = shared_staging<REPLAY>()
-                            ? sizeof(float) * shared_tokens::floats(K, warps * Geo::ROWS_PER_WARP, capacity, ONE_TOKEN ? 1 : p->T)
-                            : 0;
+    const int T = ONE_TOKEN ? 1 : p->T;
+    const size_t smem = shared_staging<REPLAY>() ? sizeof(float) * shared_tokens::floats(K, warps * Geo::ROWS_PER_WARP,
+                                                                                         shared_tokens::capacity(REPLAY, p->store_tokens, T), T)
+                                                 : 0;
     auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, REPLAY>;
     if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per instance, up to the largest case */
+        constexpr int most_tokens = GDN_MAX_TOKENS;
         static const cudaError_t opt_in = cudaFuncSetAttribute(
             kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-            (int)(sizeof(float) * shared_tokens::floats(K, 4 * Geo::ROWS_PER_WARP, 2 * GDN_MAX_TOKENS, GDN_MAX_TOKENS)));
+            (int)(sizeof(float) * shared_tokens::floats(K, 4 * Geo::ROWS_PER_WARP,
+                                                        shared_tokens::capacity(true, most_tokens, most_tokens), most_tokens)));
         GDN__CUDA_TRY(opt_in);
     }
     kernel<<<grid, warps * 32, smem, stream>>>(*p);
