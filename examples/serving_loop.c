@@ -572,6 +572,15 @@ static void keep_state_hook(void *user, int32_t t, const double *S)
     if (t == k->token) memcpy(k->dst, S, (size_t)k->elems * sizeof(double));
 }
 
+/* Runs the first T tokens staged in qd, kd, vd, ad, bd through head h of layer l from `state` (a
+ * scratch copy in s->S), outputs into s->od; the hook keeps the state after token keep->token. */
+static void ref_head(server *s, int l, int h, int T, const double *state, keep_state *keep)
+{
+    memcpy(s->S, state, (size_t)s->V * (size_t)s->K * sizeof(double));
+    gdn__ref_head(T, s->K, s->V, s->S, s->qd, s->kd, s->K, s->vd, s->V, s->ad, s->bd, s->A_log[l * s->HV + h],
+                  s->dt_bias[l * s->HV + h], s->scale, s->use_qk_l2norm, s->od, s->V, keep_state_hook, keep);
+}
+
 /*
  * Replays row i of the step on the host reference, layer by layer and head by head, from the very
  * bf16/fp16 inputs the engine saw: all T tokens are run (from a scratch copy of the state) so that
@@ -601,11 +610,8 @@ static void reference_row(server *s, int i, int T, int n, int verify)
                 s->bd[t] = gdn__load_f32(s->b[l], in, tok * s->HV + h);
             }
             double *state = r->ref + (int64_t)l * s->slot_elems + (int64_t)h * head_elems;
-            memcpy(s->S, state, (size_t)head_elems * sizeof(double));
             keep_state keep = {.token = pending_after ? -1 : n - 1, .elems = head_elems, .dst = state};
-            gdn__ref_head(T, s->K, s->V, s->S, s->qd, s->kd, s->K, s->vd, s->V, s->ad, s->bd,
-                          s->A_log[l * s->HV + h], s->dt_bias[l * s->HV + h], s->scale, s->use_qk_l2norm, s->od, s->V,
-                          keep_state_hook, &keep);
+            ref_head(s, l, h, T, state, &keep);
 
             /* Outputs of every token, against the reference rounded to the output dtype. */
             for (int t = 0; t < T; t++) {
@@ -633,11 +639,8 @@ static void reference_row(server *s, int i, int T, int n, int verify)
             if (pending_after) {
                 for (int64_t e = 0; e < head_elems; e++) state[e] = round_to(s->state_dtype, state[e]);
                 if (n > 0) {
-                    memcpy(s->S, state, (size_t)head_elems * sizeof(double));
                     keep = (keep_state){.token = n - 1, .elems = head_elems, .dst = state};
-                    gdn__ref_head(n, s->K, s->V, s->S, s->qd, s->kd, s->K, s->vd, s->V, s->ad, s->bd,
-                                  s->A_log[l * s->HV + h], s->dt_bias[l * s->HV + h], s->scale, s->use_qk_l2norm,
-                                  s->od, s->V, keep_state_hook, &keep);
+                    ref_head(s, l, h, n, state, &keep);
                 }
             } else if (n > 0) {
                 for (int64_t e = 0; e < head_elems; e++) state[e] = round_to(s->state_dtype, state[e]);
