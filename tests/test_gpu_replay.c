@@ -37,6 +37,27 @@ Test(gpu_replay, both_strategies_match_the_host_model, .timeout = 900)
     cr_assert_leq(rms[1][1], rms[1][0] * 1.02, "bf16: replay %.4g vs cache %.4g from the float64 run", rms[1][1], rms[1][0]);
 }
 
+/* Verify steps of up to 16 tokens after up to 16 accepted ones: the replay kernel's longest chunks
+ * (32 tokens in a verify, 17 in a decode), for K = 64, 128 and 256. */
+Test(gpu_replay, sixteen_token_verifies_match_the_host_model, .timeout = 900)
+{
+    test_require_gpu();
+    const char *presets[] = {"tiny", "qwen3-next", "wide"};
+    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    for (int pi = 0; pi < 3; pi++)
+        for (int d = 0; d < 2; d++) {
+            scenario_options o = {.preset = presets[pi], .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                                  .state_dtype = dtypes[d], .strategy = GDN_VERIFY_REPLAY, .layers = 2,
+                                  .steps = pi == 1 ? 20 : 40, .num_slots = 16, .max_batch = 8, .max_tokens = GDN_MAX_TOKENS,
+                                  .check_every = 4, .seed = 720 + (uint64_t)(2 * pi + d)};
+            scenario_result r = run_scenario(&o);
+            cr_log_info("%s %s, T <= 16: worst state %.1f%%, output %.1f%% of tolerance", presets[pi], d ? "bf16" : "fp32",
+                        100 * r.worst_state, 100 * r.worst_output);
+            cr_assert_gt(r.verify_steps, 0);
+            cr_assert_gt(r.accepted_full, 0);
+        }
+}
+
 #else /* no CUDA in this build: one test that says so by skipping */
 
 Test(gpu_replay, skipped_without_cuda)
