@@ -100,6 +100,25 @@ template <typename S, int N> __device__ __forceinline__ void gdn__load_vec_strea
     for (int j = 0; j < N; j++) out[j] = gdn__to_f32(raw.v[j]);
 }
 
+/* 16 bytes from global to shared memory without passing through registers (cp.async, cached in L2
+ * only); the copies of a thread complete at its gdn__copy_async_wait_all. */
+__device__ __forceinline__ void gdn__copy_async16(void *shared_dst, const void *global_src)
+{
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(shared_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
+}
+__device__ __forceinline__ void gdn__copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void gdn__copy_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+/* 0, but only once `x` is available: an address offset that orders a later access after the loads `x`
+ * was computed from (the compiler cannot fold it away). */
+__device__ __forceinline__ uint32_t gdn__zero_after(uint32_t x)
+{
+    uint32_t zero;
+    asm volatile("and.b32 %0, %1, 0;\n" : "=r"(zero) : "r"(x));
+    return zero;
+}
+
 /* Two fp32 values rounded once (to nearest even) to S and packed into one 32-bit word, the first in
  * the low half (memory order); for S = float, one value per word. */
 template <typename S> __device__ __forceinline__ uint32_t gdn__pack_word(const float *x);

@@ -58,10 +58,10 @@ template <typename S> constexpr int big_regs() { return sizeof(S) == 2 ? 64 : 32
 
 /* Minimum resident 128-thread CTAs per SM (__launch_bounds__), i.e. the register cap, measured on
  * H200 (bench/results/2026-11-21-h200-kernels.md): 64 values per thread: 4 (128 registers); fp32
- * decode: uncapped; otherwise 6 (80 registers, no spills). */
-template <typename S, bool ONE_TOKEN, int REGS> constexpr int min_blocks()
+ * decode of the cache strategy: uncapped; otherwise 6 (80 registers). */
+template <typename S, bool ONE_TOKEN, int REGS, bool REPLAY> constexpr int min_blocks()
 {
-    return REGS >= 64 ? 4 : ONE_TOKEN && sizeof(S) == 4 && REGS >= 32 ? 1 : 6;
+    return REGS >= 64 ? 4 : ONE_TOKEN && !REPLAY && sizeof(S) == 4 && REGS >= 32 ? 1 : 6;
 }
 
 /* SHARED (tokens prepared once per CTA in shared memory, see below): a thread holds 16 elements of
@@ -315,10 +315,23 @@ __device__ __forceinline__ void store_shared_inputs(const gdn__layer_params &p, 
  * the H100, bench/results/2026-11-22-h100-kernels.md). */
 template <bool REPLAY> constexpr bool shared_staging() { return REPLAY; }
 
+/* Row sets per CTA, at most. Replay: up to four, run one after the other; the next set's state is
+ * copied into shared memory while the current set's token loop runs (long enough to hide it), and
+ * the tokens are prepared once for all of them. The cache strategy's loop is short: one set, state in
+ * registers only. */
+template <bool REPLAY> constexpr int row_sets() { return REPLAY ? 4 : 1; }
+
+/* Shared memory (in floats) holding one set's state for `threads` threads, while it is in flight. */
+template <typename Geo, int SETS> __host__ __device__ constexpr size_t staged_floats(int threads)
+{
+    return SETS > 1 ? (size_t)Geo::RT * Geo::NV * 4 * threads : 0;
+}
+
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool REPLAY>
-__global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer_step_kernel(const gdn__layer_params p)
+__global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>())) layer_step_kernel(const gdn__layer_params p)
 {
     constexpr bool SHARED = shared_staging<REPLAY>();
+    constexpr int SETS = row_sets<REPLAY>();
     using Geo = layer_geometry<K, S, REGS, SHARED>;
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT;
     extern __shared__ __align__(16) float smem[];
@@ -329,13 +342,15 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
     const int glane = lane % L;   /* lane within the row group */
     const int warps = blockDim.x >> 5;
     const int V = p.V, T = ONE_TOKEN ? 1 : p.T, HV = p.HV, HK = p.HK;
-    const int tile_rows = warps * Geo::ROWS_PER_WARP;
-    const int tiles_per_head = V / tile_rows;
+    const int tile_rows = warps * Geo::ROWS_PER_WARP; /* rows of one set */
+    const int tiles_per_head = SETS > 1 ? (int)gridDim.x / HV : V / tile_rows;
+    const int cta_rows = V / tiles_per_head;
+    const int sets = SETS > 1 ? cta_rows / tile_rows : 1; /* chosen by the launcher */
     const int h = blockIdx.x / tiles_per_head;
     const int tile = blockIdx.x % tiles_per_head;
     const int64_t i = blockIdx.y;
-    const int tile_row0 = tile * tile_rows;
-    const int local_row0 = warp * Geo::ROWS_PER_WARP + group; /* row of rt = 0 within the tile */
+    const int tile_row0 = tile * cta_rows;
+    const int local_row0 = warp * Geo::ROWS_PER_WARP + group; /* row of rt = 0 within the first set */
     const int row0 = tile_row0 + local_row0;
 
     const int64_t r = p.read_slots[i];
@@ -349,14 +364,16 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
         if (out_of_range && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
         if (glane == 0)
             for (int t = 0; t < T; t++)
+                for (int set = 0; set < sets; set++)
 #pragma unroll
-                for (int rt = 0; rt < RT; rt++)
-                    out[out_base + t * out_token_stride + row0 + rt * G] = gdn__from_f32<O>(0.0f);
+                    for (int rt = 0; rt < RT; rt++)
+                        out[out_base + t * out_token_stride + row0 + set * tile_rows + rt * G] = gdn__from_f32<O>(0.0f);
         return;
     }
 
-    /* Load every owned state row before the first use: RT * NV independent 16-byte loads, in flight
-     * while the tokens are prepared. */
+    /* Load every owned state row of the first set before the first use: RT * NV independent 16-byte
+     * loads, in flight while the tokens are prepared; the next set's go to shared memory (each thread
+     * copies exactly the vectors it will read back, so no barrier orders them). */
     const int64_t state_elems = (int64_t)V * K;
     const S *src = static_cast<const S *>(p.state) + r * p.slot_stride + h * state_elems;
     float st[RT][NV][EV];
@@ -365,12 +382,25 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
 #pragma unroll
         for (int n = 0; n < NV; n++)
             gdn__load_vec_stream<S, EV>(src + (int64_t)(row0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
+    uint4 *staged = reinterpret_cast<uint4 *>(smem); /* [RT * NV][threads]: conflict-free */
+    /* `after` is 0, computed from values just read from `staged`: the copies cannot overtake them. */
+    const auto stage_set = [&](int set, uint32_t after) {
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int n = 0; n < NV; n++)
+                gdn__copy_async16(staged + (rt * NV + n) * blockDim.x + threadIdx.x + after,
+                                  src + (int64_t)(row0 + set * tile_rows + rt * G) * K + (n * L + glane) * EV);
+        gdn__copy_async_commit();
+    };
+    if (SETS > 1 && sets > 1) stage_set(1, 0);
 
     const int kh = h / (HV / HK);
     const float A = expf(p.A_log[h]), dt_bias = p.dt_bias[h];
     /* Replay: tokens 0..folds-1 are the read slot's accepted tokens of its last verify. */
     const int folds = REPLAY ? min(p.pending[r], p.store_tokens) : 0;
-    shared_tokens s(smem, K, tile_rows, shared_tokens::capacity(REPLAY, p.store_tokens, T), T);
+    shared_tokens s(smem + staged_floats<Geo, SETS>(blockDim.x), K, cta_rows,
+                    shared_tokens::capacity(REPLAY, p.store_tokens, T), T);
     if constexpr (SHARED) {
         const int64_t token_elems = gdn__token_elems(HK, HV, K, V);
         for (int j = warp; j < folds + T; j += warps) {
@@ -378,13 +408,13 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
                 const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
                 const I *vs = tb + (int64_t)HK * K, *as = vs + (int64_t)HV * V;
                 prepare_token<K, I, false>(p, s, j, 0, tb + (int64_t)kh * K, nullptr, vs + (int64_t)h * V, as + h,
-                                           as + HV + h, A, dt_bias, tile_row0, tile_rows, lane);
+                                           as + HV + h, A, dt_bias, tile_row0, cta_rows, lane);
             } else {
                 const int t = j - folds;
                 const int64_t tok = i * T + t, qk = (tok * HK + kh) * K, gate = tok * HV + h;
                 prepare_token<K, I, true>(p, s, j, t, static_cast<const I *>(p.k) + qk, static_cast<const I *>(p.q) + qk,
                                           static_cast<const I *>(p.v) + gate * V, static_cast<const I *>(p.a) + gate,
-                                          static_cast<const I *>(p.b) + gate, A, dt_bias, tile_row0, tile_rows, lane);
+                                          static_cast<const I *>(p.b) + gate, A, dt_bias, tile_row0, cta_rows, lane);
             }
         }
         __syncthreads();
@@ -396,47 +426,66 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
     unsigned arrival = 0;
     if (REPLAY && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
 
-    float o[RT];
-    if constexpr (REPLAY) {
+    if (REPLAY && p.replay_verify) {
         /* Verify: this CTA's rows of v of the own tokens become slot w's stored v (exact copies; the
          * preparation above read slot r's rows before the barrier, and no other CTA reads these rows). */
-        if (p.replay_verify) {
-            I *store = static_cast<I *>(p.token_store);
-            const I *vin = static_cast<const I *>(p.v);
-            const int64_t token_elems = gdn__token_elems(HK, HV, K, V);
-            for (int e = threadIdx.x; e < T * tile_rows; e += blockDim.x) {
-                const int t = e / tile_rows, row = tile_row0 + e % tile_rows;
-                store[(w * p.store_tokens + t) * token_elems + (int64_t)HK * K + (int64_t)h * V + row] =
-                    vin[((i * T + t) * HV + h) * V + row];
-            }
+        I *store = static_cast<I *>(p.token_store);
+        const I *vin = static_cast<const I *>(p.v);
+        const int64_t token_elems = gdn__token_elems(HK, HV, K, V);
+        for (int e = threadIdx.x; e < T * cta_rows; e += blockDim.x) {
+            const int t = e / cta_rows, row = tile_row0 + e % cta_rows;
+            store[(w * p.store_tokens + t) * token_elems + (int64_t)HK * K + (int64_t)h * V + row] =
+                vin[((i * T + t) * HV + h) * V + row];
         }
-        for (int j = 0; j < folds; j++) {
-            token_values<Geo> tv;
-            tv.template load_shared<false>(s, j, 0, K, tile_rows, local_row0, glane);
-            apply_token<Geo, false>(st, tv, o);
-        }
-        if (p.replay_verify) /* the pool gets the folded state; the own tokens stay pending */
-            store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, row0, glane);
     }
 
     S *cache = static_cast<S *>(p.cache);
     const int64_t cache_token_stride = (int64_t)HV * state_elems;
-    /* (Loading token t + 1's inputs during token t was measured slower: the extra registers cost
-     * more occupancy than the hidden latency gained.) */
-    for (int t = 0; t < T; t++) {
-        token_values<Geo> tv;
-        if constexpr (SHARED) tv.template load_shared<true>(s, folds + t, t, K, tile_rows, local_row0, glane);
-        else tv.template load_direct<K, I>(p, i * T + t, kh, h, row0, glane, A, dt_bias);
-        apply_token<Geo, true>(st, tv, o);
-        if (glane == 0)
+    for (int set = 0; set < sets; set++) {
+        const int set_row0 = row0 + set * tile_rows, set_local_row0 = local_row0 + set * tile_rows;
+        if (set > 0) { /* this set's state, copied to shared memory during the previous set's work */
+            gdn__copy_async_wait_all();
+            uint32_t read = 0;
 #pragma unroll
-            for (int rt = 0; rt < RT; rt++) out[out_base + t * out_token_stride + row0 + rt * G] = gdn__from_f32<O>(o[rt]);
-        if (cache)
-            store_rows<K, S, Geo>(cache + i * p.cache_row_stride + t * cache_token_stride + h * state_elems, st, row0, glane);
-    }
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int n = 0; n < NV; n++) {
+                    const uint4 raw = staged[(rt * NV + n) * blockDim.x + threadIdx.x];
+                    read |= raw.x;
+                    gdn__load_vec<S, EV>(reinterpret_cast<const S *>(&raw), st[rt][n]);
+                }
+            if (set + 1 < sets) stage_set(set + 1, gdn__zero_after(read));
+        }
+        float o[RT];
+        if constexpr (REPLAY) {
+            for (int j = 0; j < folds; j++) {
+                token_values<Geo> tv;
+                tv.template load_shared<false>(s, j, 0, K, cta_rows, set_local_row0, glane);
+                apply_token<Geo, false>(st, tv, o);
+            }
+            if (p.replay_verify) /* the pool gets the folded state; the own tokens stay pending */
+                store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, set_row0, glane);
+        }
 
-    if (!cache && !(REPLAY && p.replay_verify))
-        store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, row0, glane);
+        /* (Loading token t + 1's inputs during token t was measured slower: the extra registers
+         * cost more occupancy than the hidden latency gained.) */
+        for (int t = 0; t < T; t++) {
+            token_values<Geo> tv;
+            if constexpr (SHARED) tv.template load_shared<true>(s, folds + t, t, K, cta_rows, set_local_row0, glane);
+            else tv.template load_direct<K, I>(p, i * T + t, kh, h, set_row0, glane, A, dt_bias);
+            apply_token<Geo, true>(st, tv, o);
+            if (glane == 0)
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++)
+                    out[out_base + t * out_token_stride + set_row0 + rt * G] = gdn__from_f32<O>(o[rt]);
+            if (cache)
+                store_rows<K, S, Geo>(cache + i * p.cache_row_stride + t * cache_token_stride + h * state_elems, st,
+                                      set_row0, glane);
+        }
+
+        if (!cache && !(REPLAY && p.replay_verify))
+            store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, set_row0, glane);
+    }
 
     if constexpr (REPLAY) { /* every CTA of the row has read slot r's tokens: slot w's may change */
         __shared__ int last_cta;
@@ -458,28 +507,36 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS>())) layer
 
 /* CTAs below which a launch uses fewer warps per CTA (more, smaller CTAs) to reach more SMs. */
 #define GDN__SMALL_GRID_CTAS 1024
+/* The largest V: the most rows whose v a replay CTA prepares. */
+#define GDN__MAX_HEAD_DIM 256
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool REPLAY>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
     using Geo = layer_geometry<K, S, REGS, shared_staging<REPLAY>()>;
-    int warps = 4;
-    while (warps > 1 && ((int64_t)p->V % (warps * Geo::ROWS_PER_WARP) != 0 ||
-                         (int64_t)p->B * p->HV * (p->V / (warps * Geo::ROWS_PER_WARP)) < GDN__SMALL_GRID_CTAS))
+    constexpr int SETS = row_sets<REPLAY>();
+    const auto ctas = [&](int warps, int sets) { return (int64_t)p->B * p->HV * (p->V / (sets * warps * Geo::ROWS_PER_WARP)); };
+    int warps = 4, sets = SETS; /* fewer sets, then fewer warps, until small grids reach every SM */
+    while (sets > 1 && (p->V % (sets * warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
+        sets /= 2;
+    while (warps > 1 && (p->V % (warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
         warps /= 2;
-    const int tiles_per_head = p->V / (warps * Geo::ROWS_PER_WARP);
+    const int cta_rows = sets * warps * Geo::ROWS_PER_WARP;
+    const int tiles_per_head = p->V / cta_rows;
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
     const int T = ONE_TOKEN ? 1 : p->T;
-    const size_t smem = shared_staging<REPLAY>() ? sizeof(float) * shared_tokens::floats(K, warps * Geo::ROWS_PER_WARP,
-                                                                                         shared_tokens::capacity(REPLAY, p->store_tokens, T), T)
+    const size_t smem = shared_staging<REPLAY>() ? sizeof(float) * (staged_floats<Geo, SETS>(warps * 32) +
+                                                                    shared_tokens::floats(K, cta_rows,
+                                                                                          shared_tokens::capacity(REPLAY, p->store_tokens, T), T))
                                                  : 0;
     auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, REPLAY>;
     if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per instance, up to the largest case */
         constexpr int most_tokens = GDN_MAX_TOKENS;
         static const cudaError_t opt_in = cudaFuncSetAttribute(
             kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-            (int)(sizeof(float) * shared_tokens::floats(K, 4 * Geo::ROWS_PER_WARP,
-                                                        shared_tokens::capacity(true, most_tokens, most_tokens), most_tokens)));
+            (int)(sizeof(float) * (staged_floats<Geo, SETS>(128) +
+                                   shared_tokens::floats(K, GDN__MAX_HEAD_DIM,
+                                                         shared_tokens::capacity(true, most_tokens, most_tokens), most_tokens))));
         GDN__CUDA_TRY(opt_in);
     }
     kernel<<<grid, warps * 32, smem, stream>>>(*p);
