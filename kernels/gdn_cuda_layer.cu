@@ -427,15 +427,15 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
     if (REPLAY && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
 
     if (REPLAY && p.replay_verify) {
-        /* Verify: this CTA's rows of v of the own tokens become slot w's stored v (exact copies; the
-         * preparation above read slot r's rows before the barrier, and no other CTA reads these rows). */
+        /* Verify: this CTA's rows of v of the own tokens become slot w's stored v, from the prepared
+         * copy (exact: v converted from I and back; the preparation above read slot r's rows before
+         * the barrier, and no other CTA reads these rows). */
         I *store = static_cast<I *>(p.token_store);
-        const I *vin = static_cast<const I *>(p.v);
         const int64_t token_elems = gdn__token_elems(HK, HV, K, V);
         for (int e = threadIdx.x; e < T * cta_rows; e += blockDim.x) {
-            const int t = e / cta_rows, row = tile_row0 + e % cta_rows;
-            store[(w * p.store_tokens + t) * token_elems + (int64_t)HK * K + (int64_t)h * V + row] =
-                vin[((i * T + t) * HV + h) * V + row];
+            const int t = e / cta_rows, row = e % cta_rows;
+            store[(w * p.store_tokens + t) * token_elems + (int64_t)HK * K + (int64_t)h * V + tile_row0 + row] =
+                gdn__from_f32<I>(s.v[(size_t)(folds + t) * cta_rows + row]);
         }
     }
 
