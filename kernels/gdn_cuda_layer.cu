@@ -21,12 +21,17 @@
  *     purely memory-bound (profiled: instruction issue and latency). Its CTAs prepare each token once
  *     (k^, q^, v of the CTA's rows, g, beta, k^.q^) in shared memory, one warp a token, and a thread
  *     holds 16 elements of a row, so that a row's dot products take log2(K / 16) shuffle levels
- *     instead of log2(32).
+ *     instead of log2(32). A replay CTA runs up to four row sets of the head one after the other,
+ *     the next set's state streaming into shared memory (cp.async) during the current set's token
+ *     loop, so the transfers overlap the compute within a CTA and the tokens are prepared once for
+ *     all sets. (The chunked form on tensor cores was measured slower: its per-CTA preparation is a
+ *     long latency chain; bench/results/2026-11-22-h100-chunked-replay.md.)
  *
  * Launch geometry: blockIdx.y = batch row i, blockIdx.x = value head h * tiles_per_head + row tile.
  * A CTA has `warps` warps (1, 2 or 4, chosen at launch so that small batches still spread over the
  * SMs: at B = 1 a 32-head layer runs as hundreds of one-warp CTAs); a warp covers ROWS_PER_WARP
- * consecutive state rows of one head. Padding rows exit before touching the state.
+ * consecutive state rows of one head, per row set (one set, except replay). Padding rows exit before
+ * touching the state.
  *
  * Template parameters: K (64, 128, 256), state storage S (float, bf16), input storage I (bf16, fp16),
  * output storage O (bf16, float), REGS (state values a thread holds), ONE_TOKEN, REPLAY (the replay
