@@ -245,24 +245,59 @@ template <typename Geo> struct token_values {
 /* Kernel template                                                                                  */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Stores the thread's state rows (rounded once to S) into a head's [V, K] block at dst. */
-template <int K, typename S, typename Geo>
-__device__ __forceinline__ void store_rows(S *dst, const float (&st)[Geo::RT][Geo::NV][Geo::EV], int row0, int glane)
+/* Decay outside the rows (DECAY_OUTSIDE: replay with bf16 state, whose token loops are the longest
+ * per byte): the thread's rows hold the state divided by `decay`, the product of the gates applied
+ * since the rows were loaded (the same for the whole CTA), so a token updates an element with one
+ * FMA, S/G += (u/G) k^, instead of a multiply and an FMA. The decay is folded into the rows before it
+ * drops below this bound (u/G stays small and finite whatever the gates) and at every store.
+ * Measured on the H100 (bench/results/2026-11-22-h100-strategies.md): bf16 replay verify 3-7%
+ * faster; fp32 replay no faster (at 80 registers it spills), so fp32 keeps the plain update. */
+#define GDN__DECAY_FOLD_BELOW 0.00390625f /* 2^-8 */
+
+/* Stores the thread's state rows (times `decay` when DECAY_OUTSIDE), rounded once to S, into a
+ * head's [V, K] block at dst. */
+template <int K, typename S, typename Geo, bool DECAY_OUTSIDE>
+__device__ __forceinline__ void store_rows(S *dst, const float (&st)[Geo::RT][Geo::NV][Geo::EV], float decay, int row0,
+                                           int glane)
 {
 #pragma unroll
     for (int rt = 0; rt < Geo::RT; rt++)
 #pragma unroll
-        for (int n = 0; n < Geo::NV; n++)
-            gdn__store_vec<S, Geo::EV>(dst + (int64_t)(row0 + rt * Geo::G) * K + (n * Geo::L + glane) * Geo::EV, st[rt][n]);
+        for (int n = 0; n < Geo::NV; n++) {
+            S *at = dst + (int64_t)(row0 + rt * Geo::G) * K + (n * Geo::L + glane) * Geo::EV;
+            if constexpr (DECAY_OUTSIDE) {
+                float x[Geo::EV];
+#pragma unroll
+                for (int e = 0; e < Geo::EV; e++) x[e] = st[rt][n][e] * decay;
+                gdn__store_vec<S, Geo::EV>(at, x);
+            } else {
+                gdn__store_vec<S, Geo::EV>(at, st[rt][n]);
+            }
+        }
 }
 
 /* One token applied to the thread's rows: dk = S.k^ (and dq = S.q^ when OUTPUT) over each row, one
- * lane-group reduction each, then u = beta (v - g dk), o = g dq + u k^.q^, S = g S + u k^. */
-template <typename Geo, bool OUTPUT>
-__device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::EV], const token_values<Geo> &tv,
-                                            float (&o)[Geo::RT])
+ * lane-group reduction each, then u = beta (v - g dk), o = g dq + u k^.q^, S = g S + u k^. With
+ * DECAY_OUTSIDE (state = decay * st, G = decay * g) the same reads u = beta (v - G dk'),
+ * o = G dq' + u k^.q^, st += (u / G) k^, decay = G, where dk', dq' are the products with st. */
+template <typename Geo, bool OUTPUT, bool DECAY_OUTSIDE>
+__device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::EV], float &decay,
+                                            const token_values<Geo> &tv, float (&o)[Geo::RT])
 {
     constexpr int EV = Geo::EV, NV = Geo::NV, L = Geo::L, RT = Geo::RT;
+    float G = tv.g;
+    if constexpr (DECAY_OUTSIDE) {
+        G = decay * tv.g;
+        if (G < GDN__DECAY_FOLD_BELOW) { /* uniform over the CTA */
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int n = 0; n < NV; n++)
+#pragma unroll
+                    for (int e = 0; e < EV; e++) st[rt][n][e] *= G;
+            G = 1.0f;
+        }
+    }
     float dk[RT], dq[RT];
 #pragma unroll
     for (int rt = 0; rt < RT; rt++) {
@@ -284,15 +319,25 @@ __device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::E
             dk[rt] += __shfl_xor_sync(0xffffffffu, dk[rt], off);
             if (OUTPUT) dq[rt] += __shfl_xor_sync(0xffffffffu, dq[rt], off);
         }
+    const float inverse = DECAY_OUTSIDE ? __fdividef(1.0f, G) : 0.0f; /* G >= 2^-8: no range issue */
 #pragma unroll
     for (int rt = 0; rt < RT; rt++) {
-        const float u = tv.beta * (tv.v[rt] - tv.g * dk[rt]);
-        if (OUTPUT) o[rt] = tv.g * dq[rt] + u * tv.kq;
+        const float u = tv.beta * (tv.v[rt] - G * dk[rt]);
+        if (OUTPUT) o[rt] = G * dq[rt] + u * tv.kq;
+        if constexpr (DECAY_OUTSIDE) {
+            const float step = u * inverse;
 #pragma unroll
-        for (int n = 0; n < NV; n++)
+            for (int n = 0; n < NV; n++)
 #pragma unroll
-            for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(tv.g, st[rt][n][e], u * tv.k[n][e]);
+                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(step, tv.k[n][e], st[rt][n][e]);
+        } else {
+#pragma unroll
+            for (int n = 0; n < NV; n++)
+#pragma unroll
+                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(G, st[rt][n][e], u * tv.k[n][e]);
+        }
     }
+    if constexpr (DECAY_OUTSIDE) decay = G;
 }
 
 /* Replay verify, by the row's last CTA (every fold from the read slot's tokens is done): copies k
@@ -337,6 +382,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
 {
     constexpr bool SHARED = shared_staging<REPLAY>();
     constexpr int SETS = row_sets<REPLAY>();
+    constexpr bool DECAY_OUTSIDE = REPLAY && sizeof(S) == 2;
     using Geo = layer_geometry<K, S, REGS, SHARED>;
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT;
     extern __shared__ __align__(16) float smem[];
@@ -461,15 +507,16 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
                 }
             if (set + 1 < sets) stage_set(set + 1, gdn__zero_after(read));
         }
-        float o[RT];
+        float o[RT], decay = 1.0f;
         if constexpr (REPLAY) {
             for (int j = 0; j < folds; j++) {
                 token_values<Geo> tv;
                 tv.template load_shared<false>(s, j, 0, K, cta_rows, set_local_row0, glane);
-                apply_token<Geo, false>(st, tv, o);
+                apply_token<Geo, false, DECAY_OUTSIDE>(st, decay, tv, o);
             }
             if (p.replay_verify) /* the pool gets the folded state; the own tokens stay pending */
-                store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, set_row0, glane);
+                store_rows<K, S, Geo, DECAY_OUTSIDE>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems,
+                                                     st, decay, set_row0, glane);
         }
 
         /* (Loading token t + 1's inputs during token t was measured slower: the extra registers
@@ -478,18 +525,19 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
             token_values<Geo> tv;
             if constexpr (SHARED) tv.template load_shared<true>(s, folds + t, t, K, cta_rows, set_local_row0, glane);
             else tv.template load_direct<K, I>(p, i * T + t, kh, h, set_row0, glane, A, dt_bias);
-            apply_token<Geo, true>(st, tv, o);
+            apply_token<Geo, true, DECAY_OUTSIDE>(st, decay, tv, o);
             if (glane == 0)
 #pragma unroll
                 for (int rt = 0; rt < RT; rt++)
                     out[out_base + t * out_token_stride + set_row0 + rt * G] = gdn__from_f32<O>(o[rt]);
             if (cache)
-                store_rows<K, S, Geo>(cache + i * p.cache_row_stride + t * cache_token_stride + h * state_elems, st,
-                                      set_row0, glane);
+                store_rows<K, S, Geo, DECAY_OUTSIDE>(
+                    cache + i * p.cache_row_stride + t * cache_token_stride + h * state_elems, st, decay, set_row0, glane);
         }
 
         if (!cache && !(REPLAY && p.replay_verify))
-            store_rows<K, S, Geo>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st, set_row0, glane);
+            store_rows<K, S, Geo, DECAY_OUTSIDE>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st,
+                                                 decay, set_row0, glane);
     }
 
     if constexpr (REPLAY) { /* every CTA of the row has read slot r's tokens: slot w's may change */
