@@ -106,7 +106,9 @@ scenario_result run_scenario(const scenario_options *o)
     for (int32_t step = 0; step < o->steps; step++) {
         /* Arrivals: bursts, so the batch grows and shrinks through the buckets. */
         const int busy = (step / 25) % 2 == 0;
-        const int32_t arrivals = test_rng_below(&rng, busy ? 4 : 2);
+        int32_t arrivals = test_rng_below(&rng, busy ? 4 : 2), live = 0;
+        for (int32_t i = 0; i < max_requests; i++) live += reqs[i].live;
+        if (live + arrivals < o->min_live) arrivals = o->min_live - live;
         for (int32_t a = 0; a < arrivals; a++)
             for (int32_t i = 0; i < max_requests; i++)
                 if (!reqs[i].live) {
@@ -155,6 +157,7 @@ scenario_result run_scenario(const scenario_options *o)
         gdn_status status = gdn_engine_begin_step(e, &st, NULL, &bucket);
         cr_assert_eq(status, GDN_OK, "step %d: begin_step %s", step, gdn_status_name(status));
         if (bucket < 4096) result.buckets_seen += !bucket_seen[bucket], bucket_seen[bucket] = 1;
+        if (bucket > result.largest_bucket) result.largest_bucket = bucket;
         status = gdn_engine_run_step(e, NULL);
         cr_assert_eq(status, GDN_OK, "step %d: run_step %s (%s)", step, gdn_status_name(status), gdn_engine_last_error(e));
         if (verify) {

@@ -20,6 +20,7 @@ typedef struct scenario_options {
     gdn_verify_strategy strategy;
     int32_t layers, steps, num_slots, max_batch, max_tokens;
     int32_t check_every; /* compare every live state every this many steps (and at the end); 0 = 1 */
+    int32_t min_live;    /* admit requests until at least this many are live (large batches); 0 = none */
     uint64_t seed;
 } scenario_options;
 
@@ -28,6 +29,7 @@ typedef struct scenario_result {
     double worst_output;
     int32_t decode_steps, verify_steps, admitted, retired, forks, padding_rows;
     int32_t buckets_seen;  /* distinct buckets used */
+    int32_t largest_bucket;
     int32_t accepted_zero, accepted_full;
     double rms_vs_exact; /* at the end: RMS of (state - never-rounded float64 state) / RMS of the latter */
 } scenario_result;

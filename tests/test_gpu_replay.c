@@ -58,6 +58,25 @@ Test(gpu_replay, sixteen_token_verifies_match_the_host_model, .timeout = 900)
         }
 }
 
+/* Batches of up to 64 rows: the replay kernel's launches with three and four row sets per CTA (the
+ * next set's state staged in shared memory while the current one runs) only happen on large grids. */
+Test(gpu_replay, large_batches_match_the_host_model, .timeout = 900)
+{
+    test_require_gpu();
+    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    for (int d = 0; d < 2; d++) {
+        scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_REPLAY, .layers = 1, .steps = 40,
+                              .num_slots = 80, .max_batch = 64, .max_tokens = 4, .check_every = 4,
+                              .min_live = 60, .seed = 730 + (uint64_t)d};
+        scenario_result r = run_scenario(&o);
+        cr_log_info("qwen3-next %s, B <= 64: worst state %.1f%%, output %.1f%% of tolerance, largest bucket %d",
+                    d ? "bf16" : "fp32", 100 * r.worst_state, 100 * r.worst_output, r.largest_bucket);
+        cr_assert_gt(r.verify_steps, 0);
+        cr_assert_geq(r.largest_bucket, 32); /* qwen3-next: four row sets per CTA from B = 32 on */
+    }
+}
+
 #else /* no CUDA in this build: one test that says so by skipping */
 
 Test(gpu_replay, skipped_without_cuda)

@@ -47,6 +47,20 @@ Test(replay, scenario_bf16_state_folded_by_the_next_step, .timeout = 300)
                 100 * r.worst_output);
 }
 
+/* The large-batch scenario of the GPU suite (test_gpu_replay.c) on the CPU backend: 60 live requests,
+ * buckets up to 64 rows of the qwen3-next geometry. */
+Test(replay, large_batches_match_the_host_model, .timeout = 300)
+{
+    scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CPU, .graph_mode = GDN_GRAPHS_LAZY,
+                          .state_dtype = GDN_DTYPE_F32, .strategy = GDN_VERIFY_REPLAY, .layers = 1, .steps = 8,
+                          .num_slots = 80, .max_batch = 64, .max_tokens = 4, .check_every = 4, .min_live = 60,
+                          .seed = 504};
+    scenario_result r = run_scenario(&o);
+    cr_assert_geq(r.largest_bucket, 32);
+    cr_log_info("replay qwen3-next, B <= 64: largest bucket %d, worst state %.3f%%, output %.3f%% of tolerance",
+                r.largest_bucket, 100 * r.worst_state, 100 * r.worst_output);
+}
+
 Test(replay, strategies_agree_and_replay_is_as_close_to_float64_with_bf16_state, .timeout = 300)
 {
     /* The same seed gives both strategies the same requests, tokens and acceptances. */
