@@ -18,7 +18,7 @@ export LD_LIBRARY_PATH="$bundle${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
 limit=${GDN_VERIFY_LIMIT:-400}
-(timeout "$limit" "$bundle/run-tests.sh" -j4 > "$out/all_tests.log" 2>&1; echo "run-tests exit $?" >> "$out/all_tests.log") &
+(timeout "$limit" "$bundle/run-tests.sh" -j4 --verbose > "$out/all_tests.log" 2>&1; echo "run-tests exit $?" >> "$out/all_tests.log") &
 if [ "${GDN_VERIFY_SANITIZE:-1}" = 1 ]; then
     for suite in test_gpu_kernels test_gpu_engine test_gpu_replay; do
         (timeout "$limit" compute-sanitizer --tool memcheck --leak-check no "$bundle/$suite" -j1 \
@@ -30,6 +30,7 @@ fi
 wait
 
 echo "== tests";  grep -E "^(PASS|FAIL|SKIP) |run-tests exit" "$out/all_tests.log"
+echo "== replay scenarios (worst error as a share of the tolerance)"; grep -E "T <= 16|B <= 64|RMS to float64" "$out/all_tests.log"
 for f in "$out"/memcheck_*.log "$out"/racecheck_*.log; do
     [ -f "$f" ] && echo "== $(basename "$f"): $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$f" | tail -1)," \
         "$(grep -c '^\[FAIL\]' "$f") failed tests, $(tail -1 "$f") (124: cut at the limit)"
