@@ -107,6 +107,17 @@ __device__ __forceinline__ void gdn__copy_async16(void *shared_dst, const void *
     const unsigned dst = (unsigned)__cvta_generic_to_shared(shared_dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
 }
+/* 4 bytes, the same way (cached in L1 too: cp.async.cg takes only 16-byte copies). */
+__device__ __forceinline__ void gdn__copy_async4(void *shared_dst, const void *global_src)
+{
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(shared_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(global_src) : "memory");
+}
+/* Waits for all but the `pending` most recently committed groups of the thread's copies. */
+template <int pending> __device__ __forceinline__ void gdn__copy_async_wait_group()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+}
 __device__ __forceinline__ void gdn__copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void gdn__copy_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 

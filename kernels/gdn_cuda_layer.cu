@@ -19,9 +19,11 @@
  *     group (a few hundred bytes from L2 or L1; cheaper than a shared-memory round trip and a barrier).
  *   - Replay strategy: a row first folds up to max_tokens stored tokens, so the step is no longer
  *     purely memory-bound (profiled: instruction issue and latency). Its CTAs prepare each token once
- *     (k^, q^, v of the CTA's rows, g, beta, k^.q^) in shared memory, one warp a token, and a thread
- *     holds 16 elements of a row, so that a row's dot products take log2(K / 16) shuffle levels
- *     instead of log2(32). A replay CTA runs up to four row sets of the head one after the other,
+ *     (k^, q^, v of the CTA's rows, g, beta, k^.q^) in shared memory, one warp a token, from raw
+ *     inputs all copied in one round trip (cp.async, issued before the state loads; a per-CTA trace
+ *     showed the first data of a CTA arriving ~10 us after its start under the full memory load,
+ *     so each extra dependent read costs that much), and a thread holds 16 elements of a row, so
+ *     that a row's dot products take log2(K / 16) shuffle levels instead of log2(32). A replay CTA runs up to four row sets of the head one after the other,
  *     the next set's state streaming into shared memory (cp.async) during the current set's token
  *     loop, so the transfers overlap the compute within a CTA and the tokens are prepared once for
  *     all sets. (The chunked form on tensor cores was measured slower: its per-CTA preparation is a
@@ -44,6 +46,9 @@
 /* ---------------------------------------------------------------------------------------------- */
 /* Geometry derived from the template parameters                                                    */
 /* ---------------------------------------------------------------------------------------------- */
+
+/* The largest V: the most rows whose v a replay CTA prepares. */
+#define GDN__MAX_HEAD_DIM 256
 
 /* Tuning knobs (fixed after measurement; overridable for experiments): state values per thread for
  * large grids and for small grids (B = 1 needs many small CTAs), and the minimum resident CTAs per SM
@@ -99,8 +104,8 @@ template <int L> __device__ __forceinline__ float group_sum(float x)
 /* ---------------------------------------------------------------------------------------------- */
 
 /* Computed once per CTA before the token loop, in fp32 shared memory: normalised k^ (every token) and
- * q^ (own tokens), v of the CTA's rows, the decay g, beta and k^.q^. Tokens 0..folds-1 are the read
- * slot's pending tokens (replay), folds..folds+T-1 the step's own tokens. Sized for capacity tokens. */
+ * q^ (own tokens), v of the CTA's rows, the decay g, beta and k^.q^. Tokens 0..store_tokens-1 are the
+ * read slot's stored tokens (replay), then the step's own T tokens. Sized for capacity tokens. */
 struct shared_tokens {
     float *khat, *qhat, *v, *gate, *beta, *kq;
 
@@ -136,17 +141,51 @@ __device__ __forceinline__ void norm_scales(const gdn__layer_params &p, float kk
     rq = p.scale * (p.use_qk_l2norm ? rsqrtf(qq + 1e-6f) : 1.0f);
 }
 
-/* One warp prepares token j from raw inputs (k, q at key head kh; v, a, b at value head h) into
- * shared memory: each norm is one warp reduction, the gate is computed once. */
+/* Token preparation runs in two passes so that every global read of a CTA's tokens is in flight at
+ * once (one memory round trip, not one per token; under a saturated memory system each round trip
+ * costs microseconds). Pass 1, stage_token: a warp copies token j's raw k, q (own tokens) and v of
+ * the CTA's rows into shared memory with cp.async, into the upper half of the fp32 rows they become
+ * (inputs are 2 bytes). Pass 2, prepare_token: the same warp normalises them in place. */
+template <int K, typename I> __device__ __forceinline__ I *raw_row(float *row) { return reinterpret_cast<I *>(row) + K; }
+
 template <int K, typename I, bool WITH_Q>
-__device__ __forceinline__ void prepare_token(const gdn__layer_params &p, shared_tokens &s, int j, int t, const I *k,
-                                              const I *q, const I *v, const I *a, const I *b, float A, float dt_bias,
-                                              int tile_row0, int tile_rows, int lane)
+__device__ __forceinline__ void stage_token(shared_tokens &s, int j, int t, const I *k, const I *q, const I *v,
+                                            int tile_rows, int lane)
+{
+    static_assert(sizeof(I) == 2, "2-byte inputs");
+    constexpr int CHUNKS = K * 2 / 16; /* 16-byte pieces of a k or q row */
+    for (int c = lane; c < CHUNKS; c += 32) {
+        gdn__copy_async16(raw_row<K, I>(s.khat + (size_t)j * K) + c * 8, k + c * 8);
+        if (WITH_Q) gdn__copy_async16(raw_row<K, I>(s.qhat + (size_t)t * K) + c * 8, q + c * 8);
+    }
+    /* v in 4-byte pairs. tile_rows is a power of two, so odd means one row (K = 256 on small grids,
+     * where tile_row0 may be odd too): that element is read directly. */
+    I *raw_v = reinterpret_cast<I *>(s.v + (size_t)j * tile_rows) + tile_rows;
+    for (int c = lane; c < tile_rows / 2; c += 32) gdn__copy_async4(raw_v + c * 2, v + c * 2);
+    if (tile_rows == 1 && lane == 0) raw_v[0] = v[0];
+}
+
+/* Pass 2 for token j (its copies waited for and visible to the warp): k^, q^ (each norm one warp
+ * reduction), v in fp32, k^.q^. Every lane reads its raw values before any lane overwrites them. */
+template <int K, typename I, bool WITH_Q>
+__device__ __forceinline__ void prepare_token(const gdn__layer_params &p, shared_tokens &s, int j, int t, int tile_rows,
+                                              int lane)
 {
     constexpr int KPL = K / 32; /* elements of k and q per lane */
+    float *krow = s.khat + (size_t)j * K, *qrow = s.qhat + (size_t)t * K, *vrow = s.v + (size_t)j * tile_rows;
     float kx[KPL], qx[KPL];
-    gdn__load_vec<I, KPL>(k + lane * KPL, kx);
-    if (WITH_Q) gdn__load_vec<I, KPL>(q + lane * KPL, qx);
+#pragma unroll
+    for (int e = 0; e < KPL; e++) {
+        kx[e] = gdn__to_f32(raw_row<K, I>(krow)[lane * KPL + e]);
+        if (WITH_Q) qx[e] = gdn__to_f32(raw_row<K, I>(qrow)[lane * KPL + e]);
+    }
+    constexpr int VPL = GDN__MAX_HEAD_DIM / 32; /* rows of v per lane, at most */
+    float vx[VPL];
+    const I *raw_v = reinterpret_cast<const I *>(vrow) + tile_rows;
+#pragma unroll
+    for (int c = 0; c < VPL; c++)
+        if (lane + c * 32 < tile_rows) vx[c] = gdn__to_f32(raw_v[lane + c * 32]);
+    __syncwarp();
     float kk = 0.0f, qq = 0.0f, kq = 0.0f;
 #pragma unroll
     for (int e = 0; e < KPL; e++) {
@@ -165,14 +204,13 @@ __device__ __forceinline__ void prepare_token(const gdn__layer_params &p, shared
     norm_scales(p, kk, qq, rk, rq);
 #pragma unroll
     for (int e = 0; e < KPL; e++) {
-        s.khat[(size_t)j * K + lane * KPL + e] = kx[e] * rk;
-        if (WITH_Q) s.qhat[(size_t)t * K + lane * KPL + e] = qx[e] * rq;
+        krow[lane * KPL + e] = kx[e] * rk;
+        if (WITH_Q) qrow[lane * KPL + e] = qx[e] * rq;
     }
-    for (int row = lane; row < tile_rows; row += 32) s.v[(size_t)j * tile_rows + row] = gdn__to_f32(v[tile_row0 + row]);
-    if (lane == 0) {
-        token_gate(gdn__to_f32(*a), gdn__to_f32(*b), A, dt_bias, s.gate[j], s.beta[j]);
-        if (WITH_Q) s.kq[t] = kq * rk * rq;
-    }
+#pragma unroll
+    for (int c = 0; c < VPL; c++)
+        if (lane + c * 32 < tile_rows) vrow[lane + c * 32] = vx[c];
+    if (WITH_Q && lane == 0) s.kq[t] = kq * rk * rq;
 }
 
 /* One token as a thread uses it: its slices of k^ and q^, v of its rows, g, beta, k^.q^. */
@@ -422,6 +460,49 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
         return;
     }
 
+    const int kh = h / (HV / HK);
+    const float A = expf(p.A_log[h]), dt_bias = p.dt_bias[h];
+    /* Replay: prepared tokens 0..store_tokens-1 are slot r's stored tokens (the first pending[r] of
+     * them, its accepted tokens of its last verify, are folded), own token t is prepared token
+     * own0 + t. All stored tokens are staged, whatever pending[r] is, so that no read waits for
+     * another: read_slots[i], then the tokens, pending[r] and the state all in flight together. */
+    const int own0 = REPLAY ? p.store_tokens : 0;
+    const int tokens = own0 + T;
+    shared_tokens s(smem + staged_floats<Geo, SETS>(blockDim.x), K, cta_rows,
+                    shared_tokens::capacity(REPLAY, p.store_tokens, T), T);
+    const int64_t token_elems = gdn__token_elems(HK, HV, K, V);
+    float a_raw = 0.0f, b_raw = 0.0f; /* token threadIdx.x's gate inputs */
+    if constexpr (SHARED) {
+        for (int j = warp; j < tokens; j += warps) {
+            if (REPLAY && j < own0) {
+                const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
+                stage_token<K, I, false>(s, j, 0, tb + (int64_t)kh * K, nullptr, tb + (int64_t)HK * K + (int64_t)h * V + tile_row0,
+                                         cta_rows, lane);
+            } else {
+                const int t = j - own0;
+                const int64_t tok = i * T + t, qk = (tok * HK + kh) * K;
+                stage_token<K, I, true>(s, j, t, static_cast<const I *>(p.k) + qk, static_cast<const I *>(p.q) + qk,
+                                        static_cast<const I *>(p.v) + (tok * HV + h) * V + tile_row0, cta_rows, lane);
+            }
+        }
+        gdn__copy_async_commit();
+        if ((int)threadIdx.x < tokens) {
+            const int j = threadIdx.x;
+            const I *ap, *bp;
+            if (REPLAY && j < own0) {
+                ap = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems + (int64_t)HK * K +
+                     (int64_t)HV * V + h;
+                bp = ap + HV;
+            } else {
+                const int64_t gate = (i * T + (j - own0)) * HV + h;
+                ap = static_cast<const I *>(p.a) + gate;
+                bp = static_cast<const I *>(p.b) + gate;
+            }
+            a_raw = gdn__to_f32(*ap);
+            b_raw = gdn__to_f32(*bp);
+        }
+    }
+
     /* Load every owned state row of the first set before the first use: RT * NV independent 16-byte
      * loads, in flight while the tokens are prepared; the next set's go to shared memory (each thread
      * copies exactly the vectors it will read back, so no barrier orders them). */
@@ -446,27 +527,15 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
     };
     if (SETS > 1 && sets > 1) stage_set(1, 0);
 
-    const int kh = h / (HV / HK);
-    const float A = expf(p.A_log[h]), dt_bias = p.dt_bias[h];
-    /* Replay: tokens 0..folds-1 are the read slot's accepted tokens of its last verify. */
     const int folds = REPLAY ? min(p.pending[r], p.store_tokens) : 0;
-    shared_tokens s(smem + staged_floats<Geo, SETS>(blockDim.x), K, cta_rows,
-                    shared_tokens::capacity(REPLAY, p.store_tokens, T), T);
     if constexpr (SHARED) {
-        const int64_t token_elems = gdn__token_elems(HK, HV, K, V);
-        for (int j = warp; j < folds + T; j += warps) {
-            if (REPLAY && j < folds) {
-                const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
-                const I *vs = tb + (int64_t)HK * K, *as = vs + (int64_t)HV * V;
-                prepare_token<K, I, false>(p, s, j, 0, tb + (int64_t)kh * K, nullptr, vs + (int64_t)h * V, as + h,
-                                           as + HV + h, A, dt_bias, tile_row0, cta_rows, lane);
-            } else {
-                const int t = j - folds;
-                const int64_t tok = i * T + t, qk = (tok * HK + kh) * K, gate = tok * HV + h;
-                prepare_token<K, I, true>(p, s, j, t, static_cast<const I *>(p.k) + qk, static_cast<const I *>(p.q) + qk,
-                                          static_cast<const I *>(p.v) + gate * V, static_cast<const I *>(p.a) + gate,
-                                          static_cast<const I *>(p.b) + gate, A, dt_bias, tile_row0, cta_rows, lane);
-            }
+        if ((int)threadIdx.x < tokens) token_gate(a_raw, b_raw, A, dt_bias, s.gate[threadIdx.x], s.beta[threadIdx.x]);
+        if (SETS > 1 && sets > 1) gdn__copy_async_wait_group<1>(); /* the tokens; the next set's state may go on */
+        else gdn__copy_async_wait_all();
+        __syncwarp();
+        for (int j = warp; j < tokens; j += warps) {
+            if (!REPLAY || j >= own0) prepare_token<K, I, true>(p, s, j, j - own0, cta_rows, lane);
+            else if (j < folds) prepare_token<K, I, false>(p, s, j, 0, cta_rows, lane); /* (the rest: staged, unused) */
         }
         __syncthreads();
     }
@@ -482,11 +551,10 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
          * copy (exact: v converted from I and back; the preparation above read slot r's rows before
          * the barrier, and no other CTA reads these rows). */
         I *store = static_cast<I *>(p.token_store);
-        const int64_t token_elems = gdn__token_elems(HK, HV, K, V);
         for (int e = threadIdx.x; e < T * cta_rows; e += blockDim.x) {
             const int t = e / cta_rows, row = e % cta_rows;
             store[(w * p.store_tokens + t) * token_elems + (int64_t)HK * K + (int64_t)h * V + tile_row0 + row] =
-                gdn__from_f32<I>(s.v[(size_t)(folds + t) * cta_rows + row]);
+                gdn__from_f32<I>(s.v[(size_t)(own0 + t) * cta_rows + row]);
         }
     }
 
@@ -523,7 +591,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
          * cost more occupancy than the hidden latency gained.) */
         for (int t = 0; t < T; t++) {
             token_values<Geo> tv;
-            if constexpr (SHARED) tv.template load_shared<true>(s, folds + t, t, K, cta_rows, set_local_row0, glane);
+            if constexpr (SHARED) tv.template load_shared<true>(s, own0 + t, t, K, cta_rows, set_local_row0, glane);
             else tv.template load_direct<K, I>(p, i * T + t, kh, h, set_row0, glane, A, dt_bias);
             apply_token<Geo, true, DECAY_OUTSIDE>(st, decay, tv, o);
             if (glane == 0)
@@ -560,8 +628,6 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
 
 /* CTAs below which a launch uses fewer warps per CTA (more, smaller CTAs) to reach more SMs. */
 #define GDN__SMALL_GRID_CTAS 1024
-/* The largest V: the most rows whose v a replay CTA prepares. */
-#define GDN__MAX_HEAD_DIM 256
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool REPLAY>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
@@ -659,6 +725,7 @@ static gdn_status check_shape(const gdn__layer_params *p)
     if (p->T < (p->token_store ? 0 : 1) || p->T > GDN_MAX_TOKENS || p->B < 0 || p->B > 65535) return GDN_ENOTSUP;
     if (p->token_store && (p->cache || !p->pending || !p->arrivals || p->store_tokens < 1))
         return GDN_EINVAL;
+    if (p->token_store && p->store_tokens > GDN_MAX_TOKENS) return GDN_ENOTSUP; /* a warp's worth of tokens */
     if (p->V != 64 && p->V != 128 && p->V != 256) return GDN_ENOTSUP;
     if (p->HK < 1 || p->HV < 1 || p->HV % p->HK != 0) return GDN_ENOTSUP;
     if ((int64_t)p->HV * p->V > 65536 * 16) return GDN_ENOTSUP; /* grid x stays far below its limit */
@@ -667,6 +734,7 @@ static gdn_status check_shape(const gdn__layer_params *p)
     if (!gdn__aligned(p->state, 16) || (p->slot_stride * elem) % 16 != 0) return GDN_ENOTSUP;
     if (p->cache && (!gdn__aligned(p->cache, 16) || (p->cache_row_stride * elem) % 16 != 0)) return GDN_ENOTSUP;
     if (!gdn__aligned(p->q, 16) || !gdn__aligned(p->k, 16)) return GDN_ENOTSUP;
+    if (p->token_store && (!gdn__aligned(p->token_store, 16) || !gdn__aligned(p->v, 4))) return GDN_ENOTSUP; /* cp.async */
     return dispatch(p, nullptr, false);
 }
 

@@ -85,7 +85,9 @@ typedef struct gdn__layer_params {
                                 * CTAs, so that the last one does the row's bookkeeping */
 } gdn__layer_params;
 
-/* Elements of one stored token (k, v, a, b). Host and device. */
+/* Elements of one stored token (k, v, a, b), rounded up to 16 bytes of 2-byte inputs so that every
+ * stored token starts 16-byte aligned (the CUDA kernel copies them with 16-byte cp.async). Host and
+ * device. */
 #ifdef __CUDACC__
 #define GDN__HOST_DEVICE __host__ __device__
 #else
@@ -93,7 +95,7 @@ typedef struct gdn__layer_params {
 #endif
 static inline GDN__HOST_DEVICE int64_t gdn__token_elems(int32_t HK, int32_t HV, int32_t K, int32_t V)
 {
-    return (int64_t)HK * K + (int64_t)HV * V + 2 * (int64_t)HV;
+    return ((int64_t)HK * K + (int64_t)HV * V + 2 * (int64_t)HV + 7) / 8 * 8;
 }
 
 typedef struct gdn__commit_params {
