@@ -179,10 +179,14 @@ int gdn_bench_engine_main(int argc, char **argv)
     gdn_dtype state = GDN_DTYPE_BF16;
     int32_t layers = 36, max_batch = 128, tokens[8] = {1, 2, 4}, n_tokens = 3;
     const char *json = NULL;
+    gdn_verify_strategy verify = GDN_VERIFY_AUTO; /* the library's default unless asked */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--state") && v) state = strcmp(argv[++i], "f32") == 0 ? GDN_DTYPE_F32 : GDN_DTYPE_BF16;
-        else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
+        else if (!strcmp(a, "--verify") && v && (!strcmp(v, "auto") || !strcmp(v, "cache") || !strcmp(v, "replay"))) {
+            verify = !strcmp(v, "cache") ? GDN_VERIFY_CACHE : !strcmp(v, "replay") ? GDN_VERIFY_REPLAY : GDN_VERIFY_AUTO;
+            i++;
+        } else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
         else if (!strcmp(a, "--max-batch") && v) max_batch = atoi(argv[++i]);
         else if (!strcmp(a, "--json") && v) json = argv[++i];
         else if (!strcmp(a, "--host-burst") && v) {
@@ -193,7 +197,7 @@ int gdn_bench_engine_main(int argc, char **argv)
             for (char *tok = strtok(argv[++i], ","); tok && n_tokens < 8; tok = strtok(NULL, ",")) tokens[n_tokens++] = atoi(tok);
         } else {
             fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] "
-                            "[--host-burst 1..12] [--json FILE]\n");
+                            "[--host-burst 1..12] [--verify auto|cache|replay] [--json FILE]\n");
             return 2;
         }
     }
@@ -209,6 +213,7 @@ int gdn_bench_engine_main(int argc, char **argv)
     c.num_slots = max_batch;
     c.max_batch = max_batch;
     c.max_tokens = max_tokens;
+    c.verify_strategy = verify;
     c.backend = GDN_BACKEND_CUDA;
     c.graph_mode = GDN_GRAPHS_AT_CREATE;
     c.graph_progress = progress;
@@ -219,12 +224,14 @@ int gdn_bench_engine_main(int argc, char **argv)
     const gdn_engine_config *rc = gdn_engine_get_config(e);
     gdn_memory_report mem;
     CHECK_GDN(gdn_engine_memory(e, &mem));
-    printf("engine: qwen3-next x %d layers, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets; created in %.0f ms"
-           " (graphs included); host timed in bursts of %d steps\n", layers, state == GDN_DTYPE_F32 ? "f32" : "bf16",
-           max_batch, max_batch, max_tokens, rc->num_buckets, create_ms, host_burst);
-    printf("device memory: pools %.2f GiB, verify cache %.2f GiB, io %.2f GiB, total %.2f GiB\n",
-           mem.state_pools / 1073741824.0, mem.verify_cache / 1073741824.0, mem.io_buffers / 1073741824.0,
-           mem.total / 1073741824.0);
+    const char *strategy = rc->verify_strategy == GDN_VERIFY_REPLAY ? "replay" : "cache";
+    printf("engine: qwen3-next x %d layers, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify; created"
+           " in %.0f ms (graphs included); host timed in bursts of %d steps\n", layers,
+           state == GDN_DTYPE_F32 ? "f32" : "bf16", max_batch, max_batch, max_tokens, rc->num_buckets, strategy, create_ms,
+           host_burst);
+    printf("device memory: pools %.2f GiB, verify cache %.2f GiB, token store %.2f GiB, io %.2f GiB, total %.2f GiB\n",
+           mem.state_pools / 1073741824.0, mem.verify_cache / 1073741824.0, mem.token_store / 1073741824.0,
+           mem.io_buffers / 1073741824.0, mem.total / 1073741824.0);
     int32_t *slots = malloc(sizeof(int32_t) * (size_t)max_batch);
     for (int32_t i = 0; i < max_batch; i++) CHECK_GDN(gdn_slot_alloc(e, &slots[i]));
     for (int32_t i = 0; i < max_batch; i++) CHECK_GDN(gdn_slot_reset(e, slots[i], NULL));
@@ -259,8 +266,8 @@ int gdn_bench_engine_main(int argc, char **argv)
             perror(json);
             return 1;
         }
-        fprintf(f, "{\"mode\": \"engine\", \"preset\": \"qwen3-next\", \"layers\": %d, \"state\": \"%s\", \"host_burst\": %d, "
-                   "\"rows\": [\n", layers, state == GDN_DTYPE_F32 ? "f32" : "bf16", host_burst);
+        fprintf(f, "{\"mode\": \"engine\", \"preset\": \"qwen3-next\", \"layers\": %d, \"state\": \"%s\", \"verify\": \"%s\", "
+                   "\"host_burst\": %d, \"rows\": [\n", layers, state == GDN_DTYPE_F32 ? "f32" : "bf16", strategy, host_burst);
         for (int i = 0; i < n_rows; i++)
             fprintf(f, "  {\"bucket\": %d, \"T\": %d, \"host_us\": %.3f, \"host_p90_us\": %.3f, \"commit_host_us\": %.3f, "
                        "\"graph_us\": %.3f, \"direct_us\": %.3f, \"kernel_sum_us\": %.3f}%s\n", rows[i].bucket, rows[i].tokens,

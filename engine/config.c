@@ -60,7 +60,7 @@ gdn_status gdn_engine_config_init(gdn_engine_config *config, const gdn_model_con
     config->max_batch = 64;
     config->max_tokens = 4;
     config->num_buckets = 0;
-    config->verify_strategy = GDN_VERIFY_CACHE;
+    config->verify_strategy = GDN_VERIFY_AUTO;
     config->backend = GDN_BACKEND_AUTO;
     config->device = 0;
     config->graph_mode = GDN_GRAPHS_LAZY;
@@ -93,7 +93,8 @@ gdn_status gdn_engine_config_validate(const gdn_engine_config *c)
         }
         if (c->buckets[c->num_buckets - 1] != c->max_batch) return GDN_ECONFIG_BUCKETS;
     }
-    if (c->verify_strategy != GDN_VERIFY_CACHE && c->verify_strategy != GDN_VERIFY_REPLAY)
+    if (c->verify_strategy != GDN_VERIFY_CACHE && c->verify_strategy != GDN_VERIFY_REPLAY &&
+        c->verify_strategy != GDN_VERIFY_AUTO)
         return GDN_ECONFIG_VERIFY;
     if (c->backend != GDN_BACKEND_AUTO && c->backend != GDN_BACKEND_CUDA && c->backend != GDN_BACKEND_CPU)
         return GDN_ECONFIG_BACKEND;
@@ -111,6 +112,8 @@ gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_confi
         resolved->num_buckets = gdn__default_buckets(resolved->max_batch, resolved->buckets, GDN_MAX_BUCKETS);
     const char *disable = getenv("GDN_DISABLE_GRAPHS");
     if (disable && strcmp(disable, "1") == 0) resolved->graph_mode = GDN_GRAPHS_OFF;
+    if (resolved->verify_strategy == GDN_VERIFY_AUTO) /* see GDN_VERIFY_AUTO for the measurements */
+        resolved->verify_strategy = resolved->max_tokens > 1 ? GDN_VERIFY_REPLAY : GDN_VERIFY_CACHE;
     if (resolved->model.scale == 0.0f) resolved->model.scale = 1.0f / sqrtf((float)resolved->model.head_dim_k);
     return GDN_OK;
 }

@@ -17,8 +17,9 @@
  *      accepts (0..T), writes the counts into the engine's accepted buffer (device memory on CUDA) and
  *      commits them. Requests advance by what they accepted and retire when they have their tokens
  *      (gdn_slot_free). Batch sizes move up and down, so different padding buckets get used.
- *      `--verify replay` picks the replay strategy (no per-token states; the accepted tokens are
- *      folded into the state by the slot's next kernel, or by a state read).
+ *      The verify strategy is the library's default (auto: replay when max_tokens > 1, cache for
+ *      max_tokens 1); `--verify cache|replay` forces one. Replay keeps no per-token states: the
+ *      accepted tokens are folded into the state by the slot's next kernel, or by a state read.
  *   4. Independently of the engine, the example keeps every live request's state of every layer on the
  *      host in float64 and applies the same tokens with the reference (gdn__ref_head), rounding the
  *      state to the pool's dtype exactly where the engine stores it (which depends on the strategy). Every output the engine produced
@@ -31,7 +32,7 @@
  *   gdn-serving-loop [--preset tiny|qwen3-next|qwen3.5] [--layers N] [--steps N] [--seed N]
  *                    [--state f32|bf16] [--input bf16|f16] [--output bf16|f32]
  *                    [--backend auto|cpu|cuda] [--max-batch N] [--max-tokens N] [--slots N]
- *                    [--verify cache|replay] [--check-every N] [--verbose]
+ *                    [--verify auto|cache|replay] [--check-every N] [--verbose]
  *
  * Exit status: 0 when every check passed, 1 on a failed check or an API error, 2 on a bad argument.
  */
@@ -132,7 +133,7 @@ static void usage(FILE *f)
             "  --max-batch N      most rows in a step (default 16)\n"
             "  --max-tokens N     most tokens in a verify step, 1..%d (default 4)\n"
             "  --slots N          state slots = most live requests (default 1.25 x max-batch)\n"
-            "  --verify S         verify strategy: cache (default) or replay\n"
+            "  --verify S         verify strategy: auto (default: replay if max-tokens > 1), cache or replay\n"
             "  --check-every N    compare every live state every N steps (default 20, 0: never)\n"
             "  --verbose          one line per step\n",
             GDN_MAX_TOKENS);
@@ -168,7 +169,7 @@ static int parse_options(int argc, char **argv, options *o)
     *o = (options){.preset = "tiny", .layers = 3, .steps = 96, .max_batch = 16, .max_tokens = 4,
                    .slots = 0, .check_every = 20, .seed = 42, .state_dtype = GDN_DTYPE_F32,
                    .input_dtype = GDN_DTYPE_BF16, .output_dtype = GDN_DTYPE_BF16,
-                   .backend = GDN_BACKEND_AUTO, .verify = GDN_VERIFY_CACHE};
+                   .backend = GDN_BACKEND_AUTO, .verify = GDN_VERIFY_AUTO};
     for (int i = 1; i < argc; i++) {
         const char *flag = argv[i], *arg = i + 1 < argc ? argv[i + 1] : NULL;
         long n = 0;
@@ -201,7 +202,8 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (strcmp(flag, "--output") == 0) {
             ok = parse_dtype(flag, arg, &o->output_dtype);
         } else if (strcmp(flag, "--verify") == 0) {
-            if (arg && strcmp(arg, "cache") == 0) o->verify = GDN_VERIFY_CACHE;
+            if (arg && strcmp(arg, "auto") == 0) o->verify = GDN_VERIFY_AUTO;
+            else if (arg && strcmp(arg, "cache") == 0) o->verify = GDN_VERIFY_CACHE;
             else if (arg && strcmp(arg, "replay") == 0) o->verify = GDN_VERIFY_REPLAY;
             else ok = 0;
         } else if (strcmp(flag, "--backend") == 0) {
@@ -349,6 +351,7 @@ static void create_engine(server *s)
     s->slot_elems = (int64_t)s->HV * s->V * s->K;
     s->scale = c->model.scale, s->use_qk_l2norm = c->model.use_qk_l2norm;
     s->state_dtype = c->state_dtype, s->input_dtype = c->input_dtype, s->output_dtype = c->output_dtype;
+    s->opt.verify = c->verify_strategy; /* AUTO resolved: the reference follows the engine's choice */
 
     if (gdn_engine_backend(s->engine) == GDN_BACKEND_CUDA) {
         printf("backend: cuda (device %d)\n", (int)c->device);

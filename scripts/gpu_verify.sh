@@ -45,9 +45,10 @@ for f in "$out"/memcheck_*.log "$out"/racecheck_*.log; do
     [ -f "$f" ] && echo "== $(basename "$f"): $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$f" | tail -1)," \
         "$(grep -c '^\[FAIL\]' "$f") failed tests, $(tail -1 "$f") (124: cut at the limit)"
 done
-"$bundle/gdn-serving-loop" > "$out/example.log" 2>&1; echo "== example: $(tail -1 "$out/example.log")"
-"$bundle/gdn-serving-loop" --verify replay --state bf16 > "$out/example_replay.log" 2>&1
-echo "== example, replay strategy, bf16 state: $(tail -1 "$out/example_replay.log")"
+"$bundle/gdn-serving-loop" > "$out/example.log" 2>&1
+echo "== example (default: replay strategy, f32 state): $(tail -1 "$out/example.log")"
+"$bundle/gdn-serving-loop" --verify cache --state bf16 > "$out/example_cache.log" 2>&1
+echo "== example, cache strategy, bf16 state: $(tail -1 "$out/example_cache.log")"
 if [ "${GDN_VERIFY_BENCH:-1}" = 1 ]; then
     "$bundle/gdn-bench" --engine --state bf16 --max-batch 256 --tokens 1,2,4 --json "$out/engine_bf16.json" \
         > "$out/engine_bf16.txt" 2>&1

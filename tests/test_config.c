@@ -44,7 +44,7 @@ Test(config, defaults_are_valid_and_documented)
     cr_assert_eq(c.state_dtype, GDN_DTYPE_F32);
     cr_assert_eq(c.input_dtype, GDN_DTYPE_BF16);
     cr_assert_eq(c.output_dtype, GDN_DTYPE_BF16);
-    cr_assert_eq(c.verify_strategy, GDN_VERIFY_CACHE);
+    cr_assert_eq(c.verify_strategy, GDN_VERIFY_AUTO);
     cr_assert_eq(c.backend, GDN_BACKEND_AUTO);
     cr_assert_eq(c.num_buckets, 0);
     cr_assert_eq(gdn_engine_config_init(NULL, &m), GDN_EINVAL);
@@ -153,6 +153,28 @@ Test(config, rejects_bad_strategy_and_backend)
     c = valid();
     c.backend = (gdn_backend_kind)7;
     expect_invalid(&c, GDN_ECONFIG_BACKEND);
+}
+
+Test(config, auto_strategy_is_replay_when_verifies_carry_drafts)
+{
+    const struct { int32_t max_tokens; gdn_verify_strategy expected; } cases[] = {
+        {1, GDN_VERIFY_CACHE}, {2, GDN_VERIFY_REPLAY}, {4, GDN_VERIFY_REPLAY}, {GDN_MAX_TOKENS, GDN_VERIFY_REPLAY}};
+    for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
+        gdn_engine_config c = valid();
+        c.verify_strategy = GDN_VERIFY_AUTO;
+        c.max_tokens = cases[n].max_tokens;
+        cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
+        gdn_engine *e = NULL;
+        cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
+        cr_assert_eq(gdn_engine_get_config(e)->verify_strategy, cases[n].expected, "max_tokens %d", c.max_tokens);
+        gdn_memory_report r;
+        cr_assert_eq(gdn_engine_memory(e, &r), GDN_OK);
+        /* what each strategy allocates, so the choice is not only a reported label */
+        if (cases[n].expected == GDN_VERIFY_REPLAY) cr_assert(r.verify_cache == 0 && r.token_store > 0);
+        else cr_assert(r.verify_cache > 0 && r.token_store == 0);
+        gdn_engine_destroy(e);
+        cr_assert_eq(c.verify_strategy, GDN_VERIFY_AUTO, "create must not change the caller's config");
+    }
 }
 
 Test(config, replay_strategy_allocates_a_token_store_instead_of_the_cache)
