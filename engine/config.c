@@ -113,7 +113,8 @@ gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_confi
     const char *disable = getenv("GDN_DISABLE_GRAPHS");
     if (disable && strcmp(disable, "1") == 0) resolved->graph_mode = GDN_GRAPHS_OFF;
     if (resolved->verify_strategy == GDN_VERIFY_AUTO) /* see GDN_VERIFY_AUTO for the measurements */
-        resolved->verify_strategy = resolved->max_tokens > 1 ? GDN_VERIFY_REPLAY : GDN_VERIFY_CACHE;
+        resolved->verify_strategy =
+            resolved->max_tokens > 1 && resolved->max_batch >= 16 ? GDN_VERIFY_REPLAY : GDN_VERIFY_CACHE;
     if (resolved->model.scale == 0.0f) resolved->model.scale = 1.0f / sqrtf((float)resolved->model.head_dim_k);
     return GDN_OK;
 }

@@ -155,18 +155,22 @@ Test(config, rejects_bad_strategy_and_backend)
     expect_invalid(&c, GDN_ECONFIG_BACKEND);
 }
 
-Test(config, auto_strategy_is_replay_when_verifies_carry_drafts)
+Test(config, auto_strategy_is_replay_for_drafts_at_batch_16_and_up)
 {
-    const struct { int32_t max_tokens; gdn_verify_strategy expected; } cases[] = {
-        {1, GDN_VERIFY_CACHE}, {2, GDN_VERIFY_REPLAY}, {4, GDN_VERIFY_REPLAY}, {GDN_MAX_TOKENS, GDN_VERIFY_REPLAY}};
+    const struct { int32_t max_tokens, max_batch; gdn_verify_strategy expected; } cases[] = {
+        {1, 16, GDN_VERIFY_CACHE},  {2, 16, GDN_VERIFY_REPLAY}, {4, 32, GDN_VERIFY_REPLAY},
+        {GDN_MAX_TOKENS, 16, GDN_VERIFY_REPLAY}, {4, 8, GDN_VERIFY_CACHE}, {4, 15, GDN_VERIFY_CACHE}};
     for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
         gdn_engine_config c = valid();
         c.verify_strategy = GDN_VERIFY_AUTO;
         c.max_tokens = cases[n].max_tokens;
+        c.max_batch = cases[n].max_batch;
+        c.num_slots = cases[n].max_batch;
         cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
         gdn_engine *e = NULL;
         cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
-        cr_assert_eq(gdn_engine_get_config(e)->verify_strategy, cases[n].expected, "max_tokens %d", c.max_tokens);
+        cr_assert_eq(gdn_engine_get_config(e)->verify_strategy, cases[n].expected, "max_tokens %d, max_batch %d",
+                     c.max_tokens, c.max_batch);
         gdn_memory_report r;
         cr_assert_eq(gdn_engine_memory(e, &r), GDN_OK);
         /* what each strategy allocates, so the choice is not only a reported label */

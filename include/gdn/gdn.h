@@ -137,11 +137,13 @@ typedef enum gdn_verify_strategy {
      * Less memory than the cache and a faster verify + commit; its decode steps are slower than the
      * cache strategy's (bench/results, README). Both backends. */
     GDN_VERIFY_REPLAY = 1,
-    /* The default (gdn_engine_config_init): REPLAY when max_tokens > 1, CACHE when max_tokens == 1.
-     * Measured on the H100 at B = 64 (bench/results/2026-11-23-h100-strategies.md): replay's verify +
-     * commit is 1.7-3.4x faster and it holds 5-13x less memory, while its decode is 7-14% slower, so
-     * it wins as soon as more than about 8% of the steps are verifies; an engine that never verifies
-     * more than one token keeps the faster decode. gdn_engine_get_config reports the choice. */
+    /* The default (gdn_engine_config_init): REPLAY when max_tokens > 1 and max_batch >= 16, else
+     * CACHE. Measured on the H100 (bench/results/2026-11-23-h100-strategies.md): at B = 64 replay's
+     * verify + commit is 2.2-4.1x faster and it holds 5-13x less memory, while its decode is 7-14%
+     * slower, so it wins as soon as more than 4-7% of the steps are verifies; on a 36-layer step it
+     * wins from bucket 8 up (T = 2 and 4) and loses below (bucket 1, T = 4: 609 vs 302 us). An engine
+     * that never verifies more than one token, or whose largest batch is under 16 rows, keeps the cache
+     * strategy. gdn_engine_get_config reports the choice. */
     GDN_VERIFY_AUTO = 2,
 } gdn_verify_strategy;
 
