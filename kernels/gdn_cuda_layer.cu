@@ -663,7 +663,11 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     int warps = 4, sets = SETS; /* fewer sets, then fewer warps, until small grids reach every SM */
     while (sets > 1 && (p->V % (sets * warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
         sets /= 2;
-    while (warps > 1 && (p->V % (warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
+    /* Replay keeps more warps per CTA on small grids: its CTA prepares every token (one warp a
+     * token) and does the row's bookkeeping, fixed costs that one-warp CTAs run serially (B = 1,
+     * qwen3-next, T = 4: 1024 one-warp CTAs, each a ~9 us chain of ~3200 instructions). */
+    const int64_t min_ctas = REPLAY ? GDN__SMALL_GRID_CTAS / 4 : GDN__SMALL_GRID_CTAS;
+    while (warps > 1 && (p->V % (warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < min_ctas))
         warps /= 2;
     const int cta_rows = sets * warps * Geo::ROWS_PER_WARP;
     const int tiles_per_head = p->V / cta_rows;
