@@ -55,20 +55,15 @@ static gdn_status cpu_stage_rows(void *ctx, const int32_t *rows, int32_t count, 
     return GDN_OK;
 }
 
-static gdn_status cpu_clear_pending(void *ctx, int32_t *pending, int32_t num_layers, int64_t num_slots, void *stream)
-{
-    (void)stream;
-    cpu_backend *cpu = ctx;
-    for (int32_t c = 0; c < cpu->staged_clears; c++)
-        for (int32_t l = 0; l < num_layers; l++) pending[l * num_slots + cpu->staged[cpu->staged_count + c]] = 0;
-    return GDN_OK;
-}
-
-static gdn_status cpu_fetch_rows(void *ctx, int32_t *dst, void *stream)
+static gdn_status cpu_fetch_rows(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t num_slots,
+                                 void *stream)
 {
     (void)stream;
     cpu_backend *cpu = ctx;
     memcpy(dst, cpu->staged, sizeof(int32_t) * (size_t)cpu->staged_count);
+    if (pending)
+        for (int32_t c = 0; c < cpu->staged_clears; c++)
+            for (int32_t l = 0; l < num_layers; l++) pending[l * num_slots + cpu->staged[cpu->staged_count + c]] = 0;
     return GDN_OK;
 }
 
@@ -120,7 +115,6 @@ static const gdn__backend_iface cpu_iface = {
     .stage_rows = cpu_stage_rows,
     .fetch_rows = cpu_fetch_rows,
     .consume_rows = cpu_consume_rows,
-    .clear_pending = cpu_clear_pending,
     .layer_step = cpu_layer_step,
     .commit = cpu_commit,
     .synchronize = cpu_synchronize,

@@ -91,45 +91,34 @@ static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count,
     while (cu->host_seq - *cu->done >= ROW_RING_ENTRIES) sched_yield();
     int32_t *entry = cu->ring + (size_t)(cu->host_seq % ROW_RING_ENTRIES) * (size_t)cu->entry_stride;
     memcpy(entry + 1, rows, sizeof(int32_t) * (size_t)count);
-    entry[1 + count] = n_clears; /* read only by the replay strategy's clear kernel */
+    entry[1 + count] = n_clears; /* read only by the replay strategy's fetch */
     if (n_clears) memcpy(entry + 2 + count, clears, sizeof(int32_t) * (size_t)n_clears);
     entry[0] = count;
     atomic_thread_fence(memory_order_release); /* the entry is complete before any launch that reads it */
     return GDN_OK;
 }
 
-/* The mailbox as the device kernels see it; dst is where the rows go (NULL for the clear kernel). */
-static gdn__fetch_params ring_params(const cuda_backend *cu, int32_t *dst)
+static gdn_status cuda_fetch_rows(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t num_slots,
+                                  void *stream)
 {
-    return (gdn__fetch_params){
+    cuda_backend *cu = ctx;
+    const gdn__fetch_params p = {
         .ring = cu->ring,
         .ring_entries = ROW_RING_ENTRIES,
         .entry_stride = cu->entry_stride,
         .device_seq = cu->device_seq,
         .host_done = (long long *)cu->done,
         .dst = dst,
+        .pending = pending,
+        .num_layers = num_layers,
+        .num_slots = num_slots,
     };
-}
-
-static gdn_status cuda_fetch_rows(void *ctx, int32_t *dst, void *stream)
-{
-    cuda_backend *cu = ctx;
-    const gdn__fetch_params p = ring_params(cu, dst);
     gdn_status status = gdn__cuda_fetch_rows(&p, stream);
     if (status == GDN_ECUDA) record_error(cu, cudaGetLastError(), "gdn__cuda_fetch_rows", __LINE__);
     return status;
 }
 
 static void cuda_consume_rows(void *ctx) { ((cuda_backend *)ctx)->host_seq++; }
-
-static gdn_status cuda_clear_pending(void *ctx, int32_t *pending, int32_t num_layers, int64_t num_slots, void *stream)
-{
-    cuda_backend *cu = ctx;
-    const gdn__fetch_params p = ring_params(cu, NULL);
-    gdn_status status = gdn__cuda_clear_pending(&p, pending, num_layers, num_slots, stream);
-    if (status == GDN_ECUDA) record_error(cu, cudaGetLastError(), "gdn__cuda_clear_pending", __LINE__);
-    return status;
-}
 
 static gdn_status cuda_layer_step(void *ctx, const gdn__layer_params *params, void *stream)
 {
@@ -205,7 +194,6 @@ static const gdn__backend_iface cuda_iface = {
     .stage_rows = cuda_stage_rows,
     .fetch_rows = cuda_fetch_rows,
     .consume_rows = cuda_consume_rows,
-    .clear_pending = cuda_clear_pending,
     .layer_step = cuda_layer_step,
     .commit = cuda_commit,
     .synchronize = cuda_synchronize,

@@ -25,18 +25,18 @@ typedef struct gdn__backend_iface {
     gdn_status (*upload)(void *ctx, void *dst, const void *host_src, size_t bytes, void *stream);
     gdn_status (*download)(void *ctx, void *host_dst, const void *src, size_t bytes, void *stream);
     /* A step's rows travel in three moves, so that a replayed graph needs no copy call of its own:
-     * stage_rows copies `count` values (at most the staging size given at creation) from transient
-     * host memory into the backend's staging, with no CUDA call (it waits only while the device is
-     * a whole staging ring behind); fetch_rows enqueues, or inside a capture records, the copy of
-     * the staged rows into `dst` (the step's first work); consume_rows tells the backend that work
-     * holding a fetch of the staged rows was launched, so the next stage_rows takes a new entry. */
+     * stage_rows copies `count` values (at most the staging size given at creation) and the slots
+     * freed since the last step from transient host memory into the backend's staging, with no CUDA
+     * call (it waits only while the device is a whole staging ring behind); fetch_rows enqueues, or
+     * inside a capture records, the step's first work: the copy of the staged rows into `dst` and,
+     * when `pending` is not NULL (replay strategy), pending[l * num_slots + s] = 0 for every layer l
+     * and every staged clear s (so that the next request in a freed slot does not fold the previous
+     * one's tokens); consume_rows tells the backend that work holding a fetch of the staged rows was
+     * launched, so the next stage_rows takes a new entry. */
     gdn_status (*stage_rows)(void *ctx, const int32_t *rows, int32_t count, const int32_t *clears, int32_t n_clears);
-    gdn_status (*fetch_rows)(void *ctx, int32_t *dst, void *stream);
+    gdn_status (*fetch_rows)(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t num_slots,
+                             void *stream);
     void (*consume_rows)(void *ctx);
-    /* Replay strategy: enqueues (or records) pending[l * num_slots + s] = 0 for every layer l and
-     * every slot s staged as a clear with the rows (slots freed since the last step, so that the
-     * next request in the slot does not fold the previous one's tokens). Runs before fetch_rows. */
-    gdn_status (*clear_pending)(void *ctx, int32_t *pending, int32_t num_layers, int64_t num_slots, void *stream);
     /* Enqueue the kernels (kernels/gdn_kernel_params.h gives the semantics). */
     gdn_status (*layer_step)(void *ctx, const gdn__layer_params *params, void *stream);
     gdn_status (*commit)(void *ctx, const gdn__commit_params *params, void *stream);

@@ -613,11 +613,12 @@ static void fill_commit_params(const gdn_engine *e, int32_t tokens, int32_t buck
     };
 }
 
-/* Replay: the staged clears of freed slots' pending counts, every layer (before the rows' fetch). */
-static gdn_status clear_staged_pending(gdn_engine *e, void *stream)
+/* Enqueues (or records) the step's first work: the staged rows to the device and, under replay,
+ * the staged clears of freed slots' pending counts in every layer. */
+static gdn_status fetch_staged_rows(gdn_engine *e, void *stream)
 {
-    return e->backend.iface->clear_pending(e->backend.ctx, pending_buffer(e, 0), e->config.model.num_layers,
-                                           e->config.num_slots, stream);
+    return e->backend.iface->fetch_rows(e->backend.ctx, read_slots_buffer(e), replay(e) ? pending_buffer(e, 0) : NULL,
+                                        e->config.model.num_layers, e->config.num_slots, stream);
 }
 
 /* The staged rows (and clears) went to the device with the work just launched. */
@@ -632,8 +633,7 @@ static void rows_consumed(gdn_engine *e)
 static gdn_status ensure_rows(gdn_engine *e, void *stream)
 {
     if (e->step.rows_fetched) return GDN_OK;
-    gdn_status status = replay(e) ? clear_staged_pending(e, stream) : GDN_OK;
-    if (status == GDN_OK) status = e->backend.iface->fetch_rows(e->backend.ctx, read_slots_buffer(e), stream);
+    gdn_status status = fetch_staged_rows(e, stream);
     if (status != GDN_OK) return status;
     rows_consumed(e);
     e->step.rows_fetched = 1;
@@ -705,8 +705,7 @@ static gdn_status capture_graph(gdn_engine *e, const gdn__graph_key *key, int32_
         fill_commit_params(e, key->tokens, key->bucket, &p);
         status = b->commit(e->backend.ctx, &p, capture_stream);
     } else { /* a step: the copy of its rows from the host mailbox, then its work */
-        status = replay(e) ? clear_staged_pending(e, capture_stream) : GDN_OK;
-        if (status == GDN_OK) status = b->fetch_rows(e->backend.ctx, read_slots_buffer(e), capture_stream);
+        status = fetch_staged_rows(e, capture_stream);
         if (status == GDN_OK) status = step_work(e, (gdn_step_kind)key->kind, key->tokens, key->bucket, capture_stream);
         if (status == GDN_OK && e->capture_layers != e->config.model.num_layers) status = GDN_EMISUSE;
     }

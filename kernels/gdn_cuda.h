@@ -19,8 +19,10 @@ gdn_status gdn__cuda_layer_step(const gdn__layer_params *p, void *stream);
 /* Commit of a verify step for all layers in one launch. */
 gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream);
 
-/* The step-row mailbox (kernels/gdn_cuda_fetch.cu): copies ring entry (*device_seq % ring_entries)
- * into dst, then advances *device_seq and publishes it to *host_done. */
+/* The step-row mailbox (kernels/gdn_cuda_fetch.cu): copies the row values of ring entry
+ * (*device_seq % ring_entries) into dst and, when pending is not NULL (replay strategy), zeroes
+ * pending[l * num_slots + s] for every layer l and every slot s the entry lists as a clear; then
+ * advances *device_seq and publishes it to *host_done. */
 typedef struct gdn__fetch_params {
     const int32_t *ring;    /* mapped pinned host memory [ring_entries][entry_stride] */
     int32_t ring_entries;
@@ -28,16 +30,12 @@ typedef struct gdn__fetch_params {
     long long *device_seq;  /* device memory: entries consumed so far */
     long long *host_done;   /* mapped pinned host memory: the same count, for the host */
     int32_t *dst;           /* device memory, >= entry_stride - 1 values */
+    int32_t *pending;       /* replay: device [num_layers][num_slots] pending counts; NULL: no clears */
+    int32_t num_layers;
+    long long num_slots;
 } gdn__fetch_params;
 
 gdn_status gdn__cuda_fetch_rows(const gdn__fetch_params *p, void *stream);
-
-/* Replay strategy: before the fetch of the same entry, zeroes
- * pending[l * num_slots + s] for every layer l and every clear s staged after the entry's rows
- * ([1 + count] = number of clears, then the slots). Uses ring, ring_entries, entry_stride and
- * device_seq of p (reads the entry the next fetch will consume; advances nothing). */
-gdn_status gdn__cuda_clear_pending(const gdn__fetch_params *p, int32_t *pending, int32_t num_layers, int64_t num_slots,
-                                   void *stream);
 
 #ifdef __cplusplus
 }
