@@ -6,7 +6,7 @@
 #
 #   scripts/gpu_verify.sh [BUNDLE_DIR] [OUT_DIR]     (defaults: gpu-bundle, $OUT or gpu-verify-out)
 #   GDN_VERIFY_SANITIZE=0 skips the sanitizers; GDN_VERIFY_BENCH=0 skips the benches;
-#   GDN_VERIFY_LIMIT (seconds, default 400) bounds the parallel phase, so that the benches still run
+#   GDN_VERIFY_LIMIT (seconds, default 380) bounds the parallel phase, so that the benches still run
 #   inside a 10-minute call (a suite cut short shows up as such in its log and in the summary).
 #   GDN_VERIFY_PACK=1 replaces the logs by one OUT_DIR/logs.tar.gz (for remote runners that return
 #   only a few files).
@@ -17,22 +17,27 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH="$bundle${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
-limit=${GDN_VERIFY_LIMIT:-400}
+limit=${GDN_VERIFY_LIMIT:-380}
 (timeout "$limit" "$bundle/run-tests.sh" -j4 --verbose > "$out/all_tests.log" 2>&1; echo "run-tests exit $?" >> "$out/all_tests.log") &
+# One sanitizer process per (tool, suite, Criterion filter); the slow suites are split so that every
+# piece finishes inside the limit while 11 processes share the host (racecheck is ~10x slower than
+# memcheck; the replay suite runs one process per test, about 370 s each on the H100).
+sanitize() { # tool suite label [filter]
+    local tool=$1 suite=$2 label=$3 log="$out/$1_$2${3:+_$3}.log"
+    local filter=(); [ -n "${4:-}" ] && filter=(--filter "$4")
+    local opts=(--tool "$tool"); [ "$tool" = memcheck ] && opts+=(--leak-check no)
+    (timeout "$limit" compute-sanitizer "${opts[@]}" "$bundle/$suite" -j1 --verbose "${filter[@]}" \
+        > "$log" 2>&1; echo "exit $?" >> "$log") &
+}
 if [ "${GDN_VERIFY_SANITIZE:-1}" = 1 ]; then
-    for suite in test_gpu_kernels test_gpu_engine test_gpu_replay; do
-        (timeout "$limit" compute-sanitizer --tool memcheck --leak-check no "$bundle/$suite" -j1 \
-            > "$out/memcheck_$suite.log" 2>&1; echo "exit $?" >> "$out/memcheck_$suite.log") &
+    for tool in memcheck racecheck; do
+        sanitize $tool test_gpu_kernels qwen3_5 'gpu_kernels/qwen3_5*'
+        sanitize $tool test_gpu_kernels others '!(gpu_kernels/qwen3_5*)'
+        sanitize $tool test_gpu_engine ""
     done
-    # racecheck is ~10x slower than memcheck: the replay suite runs one process per test (about 370 s
-    # each on the H100) so that all of them finish inside the limit.
-    for run in test_gpu_kernels:all test_gpu_engine:all test_gpu_replay:both_strategies \
-               test_gpu_replay:sixteen_token test_gpu_replay:large_batches; do
-        suite=${run%%:*} test=${run#*:}
-        filter=(); [ "$test" = all ] || filter=(--filter "gpu_replay/$test*")
-        log="$out/racecheck_${suite}${filter:+_$test}.log"
-        (timeout "$limit" compute-sanitizer --tool racecheck "$bundle/$suite" -j1 --verbose "${filter[@]}" \
-            > "$log" 2>&1; echo "exit $?" >> "$log") &
+    sanitize memcheck test_gpu_replay ""
+    for test in both_strategies sixteen_token large_batches; do
+        sanitize racecheck test_gpu_replay $test "gpu_replay/$test*"
     done
 fi
 wait
@@ -43,7 +48,7 @@ echo "== tests";  grep -E "^(PASS|FAIL|SKIP) |run-tests exit" "$out/all_tests.lo
 echo "== replay scenarios (worst error as a share of the tolerance)"; grep -E "T <= 16|B <= 64|RMS to float64" "$out/all_tests.log"
 for f in "$out"/memcheck_*.log "$out"/racecheck_*.log; do
     [ -f "$f" ] && echo "== $(basename "$f"): $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$f" | tail -1)," \
-        "$(grep -c '^\[FAIL\]' "$f") failed tests, $(tail -1 "$f") (124: cut at the limit)"
+        "$(grep -c '^\[PASS\]' "$f") passed, $(grep -c '^\[FAIL\]' "$f") failed tests, $(tail -1 "$f") (124: cut at the limit)"
 done
 "$bundle/gdn-serving-loop" > "$out/example.log" 2>&1
 echo "== example (default: replay strategy, f32 state): $(tail -1 "$out/example.log")"
@@ -52,9 +57,12 @@ echo "== example, cache strategy, bf16 state: $(tail -1 "$out/example_cache.log"
 if [ "${GDN_VERIFY_BENCH:-1}" = 1 ]; then
     "$bundle/gdn-bench" --engine --state bf16 --max-batch 256 --tokens 1,2,4 --json "$out/engine_bf16.json" \
         > "$out/engine_bf16.txt" 2>&1
+    "$bundle/gdn-bench" --engine --state bf16 --max-batch 256 --tokens 1,2,4 --verify cache \
+        --json "$out/engine_bf16_cache.json" > "$out/engine_bf16_cache.txt" 2>&1
     "$bundle/gdn-bench" --strategies --slots 1024 --batch 64 --layers 8 --json "$out/strategies.json" \
         > "$out/strategies.txt" 2>&1
-    echo "== engine bench";     grep -v capturing "$out/engine_bf16.txt"
+    echo "== engine bench (default strategy)"; grep -v capturing "$out/engine_bf16.txt"
+    echo "== engine bench (cache strategy)";   grep -v capturing "$out/engine_bf16_cache.txt"
     echo "== strategies bench"; cat "$out/strategies.txt"
 fi
 if [ "${GDN_VERIFY_PACK:-0}" = 1 ]; then
