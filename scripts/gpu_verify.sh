@@ -9,8 +9,9 @@
 #     16-core H100 host (all of it at once oversubscribes the host: about 3000 CPU-seconds of
 #     sanitized suites): `tests` (every suite, memcheck, the examples) and `racecheck` (racecheck,
 #     then the benches).
-#   GDN_VERIFY_BENCH=0 skips the benches. GDN_VERIFY_LIMIT (seconds, default 420) bounds the
-#   parallel phase (a suite cut short shows up as such in its log and in the summary).
+#   GDN_VERIFY_SANITIZE=0 skips the sanitizers; GDN_VERIFY_BENCH=0 skips the benches.
+#   GDN_VERIFY_LIMIT (seconds, default 420) bounds the parallel phase (a suite cut short shows up as
+#   such in its log and in the summary).
 #   GDN_VERIFY_PACK=1 replaces the logs by one OUT_DIR/logs.tar.gz (for remote runners that return
 #   only a few files).
 set -u
@@ -27,7 +28,9 @@ limit=${GDN_VERIFY_LIMIT:-420}
 # One sanitizer process per (tool, suite, Criterion filter): the slow suites are split so that each
 # piece takes at most ~370 s on the H100 host (the replay suite under racecheck: one test a process).
 sanitize() { # tool suite label [filter]
-    local tool=$1 suite=$2 label=$3 log="$out/$1_$2${3:+_$3}.log"
+    [ "${GDN_VERIFY_SANITIZE:-1}" = 1 ] || return 0
+    local tool=$1 suite=$2 label=$3
+    local log="$out/${tool}_${suite}${label:+_$label}.log"
     local filter=(); [ -n "${4:-}" ] && filter=(--filter "$4")
     local opts=(--tool "$tool"); [ "$tool" = memcheck ] && opts+=(--leak-check no)
     (timeout "$limit" compute-sanitizer "${opts[@]}" "$bundle/$suite" -j1 --verbose "${filter[@]}" \
