@@ -48,4 +48,27 @@ static inline double bench_median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* "1,2,4" -> out[] (at most max entries); returns the count. */
+static inline int bench_parse_list(const char *s, int *out, int max)
+{
+    int n = 0;
+    while (s && *s && n < max) {
+        char *end;
+        const long v = strtol(s, &end, 10);
+        if (end == s) break;
+        out[n++] = (int)v;
+        s = end;
+        if (*s == ',') s++;
+    }
+    return n;
+}
+
+/* Shared between the gdn-bench modes (definitions in the file named). */
+int gdn_bench_spin(cudaStream_t stream, double milliseconds);          /* bench_spin.cu: a busy kernel */
+int gdn_bench_copy_ceiling(cudaStream_t stream, double *gbps);         /* gdn_bench.c: 2 GiB D2D copy */
+int gdn_bench_fill_inputs(gdn_engine *e, const gdn_engine_config *c); /* bench_engine.c: random io */
+int gdn_bench_engine_main(int argc, char **argv);                      /* bench_engine.c */
+int gdn_bench_strategies_main(int argc, char **argv);                  /* bench_strategies.c */
+int gdn_bench_drift_main(int argc, char **argv);                       /* bench_drift.c */
+
 #endif /* GDN_BENCH_COMMON_H */

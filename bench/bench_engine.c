@@ -11,7 +11,17 @@
  *     the GPU runs them back to back with no host launch gaps;
  * and the ratio graph / sum (target <= 1.05) and host us (target <= 5).
  *
- *   gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--host-burst N] [--json FILE]
+ * The ring strategy (--verify ring, --ring-length L): a row's decode costs depend on its ring's fill
+ * level (every L-th decode of a row writes its state back). Before a bucket's decode is timed its
+ * slots are reset and staggered (row i joins the first L decode steps only after floor(i L / bucket)
+ * of them, which leaves the rows at fill levels spread over 0..L-1), and every GPU sample is a whole
+ * number of L steps (at least 8), reported as the MEAN per step over the samples, so that the
+ * write-backs count at their true rate; verify rows are timed the same way (mean over samples of
+ * max(8, L) steps, after the host-timing steps as warm-up: the fill levels are then in steady state).
+ * The other strategies keep their medians of 8-step samples (one step for direct launches).
+ *
+ *   gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--host-burst N]
+ *                      [--verify auto|cache|replay|ring] [--ring-length L] [--json FILE]
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -23,9 +33,6 @@
 #include "bench_common.h"
 #include "gdn/gdn.h"
 #include "kernels/dtype_convert.h"
-
-int gdn_bench_engine_main(int argc, char **argv);
-int gdn_bench_spin(cudaStream_t stream, double milliseconds);
 
 
 static double now_us(void) { return 1e6 * bench_now_s(); }
@@ -67,15 +74,33 @@ static int issue_direct(gdn_engine *e, const int32_t *slots, int32_t batch, int3
 
 typedef enum timed_work { TIMED_STEPS, TIMED_DIRECT } timed_work;
 
-/* Median over 20 repetitions of the GPU time (CUDA events) of `work`: 8 whole steps (per step), or
- * one step as direct launches; behind_spin queues the work behind a 2 ms kernel first, so the GPU
- * runs it back to back with no host launch gaps. */
-static int time_on_gpu(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t tokens, int32_t layers,
-                       cudaStream_t s, timed_work work, int behind_spin, double *median_us)
+/* How GPU time is sampled. Cache and replay: 20 samples of 8 whole steps (graph replays) or of one
+ * step (direct launches), median. Ring: samples of a whole number of L steps (at least 8) for both,
+ * their mean (see the file comment): about 160 graph-replayed steps in all, and about 48 steps for
+ * each direct-launch measurement (at least 2 samples; they matter less, and cost 36 launches a step). */
+typedef struct sample_plan {
+    int graph_steps, direct_steps, graph_reps, direct_reps, mean;
+} sample_plan;
+
+static const sample_plan plain_plan = {8, 1, 20, 20, 0};
+
+static sample_plan ring_plan(int32_t ring_length)
 {
-    enum { REPS = 20 };
-    const int steps = work == TIMED_STEPS ? 8 : 1;
-    double samples[REPS];
+    const int steps = ring_length >= 8 ? ring_length : ring_length * ((8 + ring_length - 1) / ring_length);
+    const int graph_reps = 160 / steps < 5 ? 5 : 160 / steps, direct_reps = 48 / steps < 2 ? 2 : 48 / steps;
+    return (sample_plan){steps, steps, graph_reps, direct_reps, 1};
+}
+
+/* GPU time per step (CUDA events) of `work` sampled as `plan` says; behind_spin queues the work behind
+ * a 2 ms kernel first, so the GPU runs it back to back with no host launch gaps. */
+static int time_on_gpu(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t tokens, int32_t layers,
+                       cudaStream_t s, timed_work work, int behind_spin, const sample_plan *plan, double *median_us)
+{
+    enum { MAX_REPS = 64 };
+    const int steps = work == TIMED_STEPS ? plan->graph_steps : plan->direct_steps;
+    const int reps = work == TIMED_STEPS ? plan->graph_reps : plan->direct_reps;
+    const int REPS = reps < MAX_REPS ? reps : MAX_REPS;
+    double samples[MAX_REPS];
     cudaEvent_t start, stop;
     CHECK_CUDA(cudaEventCreate(&start));
     CHECK_CUDA(cudaEventCreate(&stop));
@@ -96,13 +121,43 @@ static int time_on_gpu(gdn_engine *e, const int32_t *slots, int32_t bucket, int3
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
-    *median_us = median_of(samples, REPS);
+    double sum = 0;
+    for (int r = 0; r < REPS; r++) sum += samples[r];
+    *median_us = plan->mean ? sum / REPS : median_of(samples, REPS);
+    return 0;
+}
+
+/* Ring strategy: resets the bucket's slots (state and ring emptied), then runs L decode steps in which
+ * row i joins only from step floor(i L / bucket) on (the others are padding rows), so that the rows'
+ * fill levels end spread over 0..L-1 (distinct when bucket <= L). */
+static int stagger_ring(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t ring_length, cudaStream_t s)
+{
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)bucket);
+    if (!rows) return -1;
+    for (int32_t i = 0; i < bucket; i++) CHECK_GDN(gdn_slot_reset(e, slots[i], s));
+    for (int32_t j = 0; j < ring_length; j++) {
+        int live = 0;
+        for (int32_t i = 0; i < bucket; i++) {
+            const int32_t join = (int32_t)((int64_t)i * ring_length / bucket);
+            rows[i] = j >= join ? slots[i] : -1;
+            live += rows[i] >= 0;
+        }
+        if (live && issue_step(e, rows, bucket, 1, s)) return -1;
+    }
+    free(rows);
     return 0;
 }
 
 /* Steps issued back to back between syncs when timing the host (--host-burst): 12 queues up to 12
  * steps of GPU work; a serving loop that waits for each step's sampled tokens runs 1 or 2 ahead. */
 static int host_burst = 12;
+
+/* Ring length when the engine runs the ring strategy, else 0. */
+static int32_t ring_length_of(const gdn_engine *e)
+{
+    const gdn_engine_config *c = gdn_engine_get_config(e);
+    return c->verify_strategy == GDN_VERIFY_RING ? c->ring_length : 0;
+}
 
 static int measure(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t tokens, int32_t layers, cudaStream_t s,
                    engine_row *row)
@@ -129,18 +184,21 @@ static int measure(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t 
     row->host_p90_us = host[(int)(0.9 * (n_host - 1))];
     row->commit_host_us = median_of(commit, n_host);
 
+    const int32_t ring_length = ring_length_of(e);
+    const sample_plan plan = ring_length ? ring_plan(ring_length) : plain_plan;
+    if (ring_length && tokens == 1 && stagger_ring(e, slots, bucket, ring_length, s)) return -1;
     /* GPU time per step: graph replays (with their row fetches) queued behind a spin kernel. */
-    if (time_on_gpu(e, slots, bucket, tokens, layers, s, TIMED_STEPS, 1, &row->graph_us)) return -1;
+    if (time_on_gpu(e, slots, bucket, tokens, layers, s, TIMED_STEPS, 1, &plan, &row->graph_us)) return -1;
     /* The same step as direct launches, as the host issues them (launch gaps included). */
-    if (time_on_gpu(e, slots, bucket, tokens, layers, s, TIMED_DIRECT, 0, &row->direct_us)) return -1;
+    if (time_on_gpu(e, slots, bucket, tokens, layers, s, TIMED_DIRECT, 0, &plan, &row->direct_us)) return -1;
     /* Sum of single-layer kernel times: the direct launches queued behind a spin kernel. */
-    if (time_on_gpu(e, slots, bucket, tokens, layers, s, TIMED_DIRECT, 1, &row->kernel_sum_us)) return -1;
+    if (time_on_gpu(e, slots, bucket, tokens, layers, s, TIMED_DIRECT, 1, &plan, &row->kernel_sum_us)) return -1;
     return 0;
 }
 
 /* Random bf16 inputs in every layer's buffers (the timing does not depend on their values, but
  * zeros are never timed). */
-static int fill_inputs(gdn_engine *e, const gdn_engine_config *c)
+int gdn_bench_fill_inputs(gdn_engine *e, const gdn_engine_config *c)
 {
     const size_t rows = (size_t)c->max_batch * (size_t)c->max_tokens;
     const size_t n_v = rows * (size_t)c->model.num_v_heads * (size_t)c->model.head_dim_v;
@@ -180,13 +238,19 @@ int gdn_bench_engine_main(int argc, char **argv)
     int32_t layers = 36, max_batch = 128, tokens[8] = {1, 2, 4}, n_tokens = 3;
     const char *json = NULL;
     gdn_verify_strategy verify = GDN_VERIFY_AUTO; /* the library's default unless asked */
+    int32_t ring_length = 0;                      /* 0: the library's default */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--state") && v) state = strcmp(argv[++i], "f32") == 0 ? GDN_DTYPE_F32 : GDN_DTYPE_BF16;
-        else if (!strcmp(a, "--verify") && v && (!strcmp(v, "auto") || !strcmp(v, "cache") || !strcmp(v, "replay"))) {
-            verify = !strcmp(v, "cache") ? GDN_VERIFY_CACHE : !strcmp(v, "replay") ? GDN_VERIFY_REPLAY : GDN_VERIFY_AUTO;
+        else if (!strcmp(a, "--verify") && v &&
+                 (!strcmp(v, "auto") || !strcmp(v, "cache") || !strcmp(v, "replay") || !strcmp(v, "ring"))) {
+            verify = !strcmp(v, "cache")    ? GDN_VERIFY_CACHE
+                     : !strcmp(v, "replay") ? GDN_VERIFY_REPLAY
+                     : !strcmp(v, "ring")   ? GDN_VERIFY_RING
+                                            : GDN_VERIFY_AUTO;
             i++;
-        } else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
+        } else if (!strcmp(a, "--ring-length") && v) ring_length = atoi(argv[++i]);
+        else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
         else if (!strcmp(a, "--max-batch") && v) max_batch = atoi(argv[++i]);
         else if (!strcmp(a, "--json") && v) json = argv[++i];
         else if (!strcmp(a, "--host-burst") && v) {
@@ -197,7 +261,7 @@ int gdn_bench_engine_main(int argc, char **argv)
             for (char *tok = strtok(argv[++i], ","); tok && n_tokens < 8; tok = strtok(NULL, ",")) tokens[n_tokens++] = atoi(tok);
         } else {
             fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] "
-                            "[--host-burst 1..12] [--verify auto|cache|replay] [--json FILE]\n");
+                            "[--host-burst 1..12] [--verify auto|cache|replay|ring] [--ring-length 4..32] [--json FILE]\n");
             return 2;
         }
     }
@@ -214,6 +278,7 @@ int gdn_bench_engine_main(int argc, char **argv)
     c.max_batch = max_batch;
     c.max_tokens = max_tokens;
     c.verify_strategy = verify;
+    c.ring_length = ring_length;
     c.backend = GDN_BACKEND_CUDA;
     c.graph_mode = GDN_GRAPHS_AT_CREATE;
     c.graph_progress = progress;
@@ -224,18 +289,26 @@ int gdn_bench_engine_main(int argc, char **argv)
     const gdn_engine_config *rc = gdn_engine_get_config(e);
     gdn_memory_report mem;
     CHECK_GDN(gdn_engine_memory(e, &mem));
-    const char *strategy = rc->verify_strategy == GDN_VERIFY_REPLAY ? "replay" : "cache";
-    printf("engine: qwen3-next x %d layers, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify; created"
+    const char *strategy = rc->verify_strategy == GDN_VERIFY_REPLAY ? "replay"
+                           : rc->verify_strategy == GDN_VERIFY_RING ? "ring"
+                                                                    : "cache";
+    const int32_t ring_len = rc->verify_strategy == GDN_VERIFY_RING ? rc->ring_length : 0;
+    char ring_note[64] = "";
+    if (ring_len)
+        snprintf(ring_note, sizeof ring_note, " (ring length %d; GPU times: means over whole ring cycles)", ring_len);
+    printf("engine: qwen3-next x %d layers, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify%s; created"
            " in %.0f ms (graphs included); host timed in bursts of %d steps\n", layers,
-           state == GDN_DTYPE_F32 ? "f32" : "bf16", max_batch, max_batch, max_tokens, rc->num_buckets, strategy, create_ms,
-           host_burst);
-    printf("device memory: pools %.2f GiB, verify cache %.2f GiB, token store %.2f GiB, io %.2f GiB, total %.2f GiB\n",
+           state == GDN_DTYPE_F32 ? "f32" : "bf16", max_batch, max_batch, max_tokens, rc->num_buckets, strategy, ring_note,
+           create_ms, host_burst);
+    printf("device memory: pools %.2f GiB, verify cache %.2f GiB, token store %.2f GiB, ring %.2f GiB (%.2f%% of the pools), "
+           "io %.2f GiB, total %.2f GiB\n",
            mem.state_pools / 1073741824.0, mem.verify_cache / 1073741824.0, mem.token_store / 1073741824.0,
-           mem.io_buffers / 1073741824.0, mem.total / 1073741824.0);
+           mem.ring / 1073741824.0, 100.0 * (double)mem.ring / (double)mem.state_pools, mem.io_buffers / 1073741824.0,
+           mem.total / 1073741824.0);
     int32_t *slots = malloc(sizeof(int32_t) * (size_t)max_batch);
     for (int32_t i = 0; i < max_batch; i++) CHECK_GDN(gdn_slot_alloc(e, &slots[i]));
     for (int32_t i = 0; i < max_batch; i++) CHECK_GDN(gdn_slot_reset(e, slots[i], NULL));
-    if (fill_inputs(e, rc)) return 1;
+    if (gdn_bench_fill_inputs(e, rc)) return 1;
     int32_t *accepted = malloc(sizeof(int32_t) * (size_t)max_batch);
     for (int32_t i = 0; i < max_batch; i++) accepted[i] = 1 + i % 2;
     CHECK_GDN(gdn_engine_upload(e, gdn_engine_accepted(e), accepted, sizeof(int32_t) * (size_t)max_batch, NULL));
@@ -267,7 +340,12 @@ int gdn_bench_engine_main(int argc, char **argv)
             return 1;
         }
         fprintf(f, "{\"mode\": \"engine\", \"preset\": \"qwen3-next\", \"layers\": %d, \"state\": \"%s\", \"verify\": \"%s\", "
-                   "\"host_burst\": %d, \"rows\": [\n", layers, state == GDN_DTYPE_F32 ? "f32" : "bf16", strategy, host_burst);
+                   "\"ring_length\": %d, \"gpu_time\": \"%s\", \"memory\": {\"state_pools\": %llu, \"verify_cache\": %llu, "
+                   "\"token_store\": %llu, \"ring\": %llu, \"total\": %llu}, \"host_burst\": %d, \"rows\": [\n",
+                layers, state == GDN_DTYPE_F32 ? "f32" : "bf16", strategy, ring_len,
+                ring_len ? "mean over samples of whole ring cycles" : "median of samples",
+                (unsigned long long)mem.state_pools, (unsigned long long)mem.verify_cache,
+                (unsigned long long)mem.token_store, (unsigned long long)mem.ring, (unsigned long long)mem.total, host_burst);
         for (int i = 0; i < n_rows; i++)
             fprintf(f, "  {\"bucket\": %d, \"T\": %d, \"host_us\": %.3f, \"host_p90_us\": %.3f, \"commit_host_us\": %.3f, "
                        "\"graph_us\": %.3f, \"direct_us\": %.3f, \"kernel_sum_us\": %.3f}%s\n", rows[i].bucket, rows[i].tokens,
@@ -279,136 +357,5 @@ int gdn_bench_engine_main(int argc, char **argv)
     cudaStreamDestroy(s);
     free(slots), free(accepted);
     gdn_engine_destroy(e);
-    return 0;
-}
-
-/* ---------------------------------------------------------------------------------------------- */
-/* gdn-bench --strategies: the cache and replay verify strategies side by side (issue 5)            */
-/* ---------------------------------------------------------------------------------------------- */
-
-/*
- * For each preset, state dtype and T: the device memory each strategy holds beyond the state pools
- * (from the engine's own report; the same numbers on every backend), and, on the CUDA backend, the
- * GPU time per layer of a verify step of T tokens plus its commit, in steady state (every slot holds
- * the previous verify's accepted tokens, so the replay strategy's fold is included), against a decode
- * step, for batch B.
- *
- *   gdn-bench --strategies [--slots N] [--batch B] [--layers L] [--json FILE]
- */
-typedef struct strategy_row {
-    const char *preset;
-    gdn_dtype state;
-    int32_t tokens;
-    gdn_verify_strategy strategy;
-    double beyond_pools_pct;  /* memory beyond the pools, % of the pools */
-    double verify_us, decode_us; /* per layer, CUDA only (0 otherwise) */
-} strategy_row;
-
-static int time_strategy(gdn_engine *e, const int32_t *slots, int32_t batch, int32_t tokens, int32_t layers,
-                         cudaStream_t s, strategy_row *row)
-{
-    CHECK_GDN(gdn_engine_synchronize(e, NULL));
-    for (int w = 0; w < 3; w++) /* steady state: each verify leaves accepted tokens pending */
-        if (issue_step(e, slots, batch, tokens, s) || issue_step(e, slots, batch, 1, s)) return -1;
-    double verify = 0, decode = 0;
-    if (time_on_gpu(e, slots, batch, tokens, layers, s, TIMED_STEPS, 1, &verify)) return -1;
-    if (time_on_gpu(e, slots, batch, 1, layers, s, TIMED_STEPS, 1, &decode)) return -1;
-    row->verify_us = verify / layers;
-    row->decode_us = decode / layers;
-    return 0;
-}
-
-int gdn_bench_strategies_main(int argc, char **argv);
-
-int gdn_bench_strategies_main(int argc, char **argv)
-{
-    int32_t num_slots = 1024, batch = 64, layers = 4;
-    const char *json = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--slots") && v) num_slots = atoi(argv[++i]);
-        else if (!strcmp(a, "--batch") && v) batch = atoi(argv[++i]);
-        else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
-        else if (!strcmp(a, "--json") && v) json = argv[++i];
-        else {
-            fprintf(stderr, "usage: gdn-bench --strategies [--slots N] [--batch B] [--layers L] [--json FILE]\n");
-            return 2;
-        }
-    }
-    static const char *const preset_names[] = {"qwen3-next", "qwen3.5"};
-    static const gdn_dtype states[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
-    static const int32_t token_counts[] = {4, 8};
-    strategy_row rows[32];
-    int n_rows = 0;
-    cudaStream_t s = NULL;
-    int gpu = 0;
-    /* ratio: verify + commit over this engine's decode; vs cache: over the cache strategy's decode of
-     * the same preset, dtype and T (the fastest T = 1 step, what the replay targets compare with). */
-    printf("%-10s %5s %2s %-7s | %16s | %16s %10s %8s %9s\n", "preset", "state", "T", "verify", "beyond pools %",
-           "verify+commit us", "decode us", "ratio", "vs cache");
-    for (int pi = 0; pi < 2; pi++)
-        for (int si = 0; si < 2; si++)
-            for (int ti = 0; ti < 2; ti++)
-                for (int strategy = 0; strategy < 2; strategy++) {
-                    gdn_model_config model;
-                    CHECK_GDN(gdn_model_preset(preset_names[pi], layers, &model));
-                    gdn_engine_config c;
-                    CHECK_GDN(gdn_engine_config_init(&c, &model));
-                    c.state_dtype = states[si];
-                    c.num_slots = num_slots;
-                    c.max_batch = batch;
-                    c.max_tokens = token_counts[ti];
-                    c.verify_strategy = strategy ? GDN_VERIFY_REPLAY : GDN_VERIFY_CACHE;
-                    c.graph_mode = GDN_GRAPHS_LAZY;
-                    gdn_engine *e = NULL;
-                    CHECK_GDN(gdn_engine_create(&c, &e));
-                    gdn_memory_report m;
-                    CHECK_GDN(gdn_engine_memory(e, &m));
-                    strategy_row *r = &rows[n_rows++];
-                    *r = (strategy_row){.preset = preset_names[pi], .state = states[si], .tokens = token_counts[ti],
-                                        .strategy = c.verify_strategy};
-                    r->beyond_pools_pct = 100.0 * (double)(m.verify_cache + m.token_store) / (double)m.state_pools;
-                    gpu = gdn_engine_backend(e) == GDN_BACKEND_CUDA;
-                    if (gpu) {
-                        if (!s) CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-                        int32_t *slots = malloc(sizeof(int32_t) * (size_t)batch), *accepted = malloc(sizeof(int32_t) * (size_t)batch);
-                        for (int32_t i = 0; i < batch; i++) {
-                            CHECK_GDN(gdn_slot_alloc(e, &slots[i]));
-                            accepted[i] = 1 + i % token_counts[ti]; /* 1..T, mean about T/2 */
-                        }
-                        if (fill_inputs(e, gdn_engine_get_config(e))) return 1;
-                        CHECK_GDN(gdn_engine_upload(e, gdn_engine_accepted(e), accepted, sizeof(int32_t) * (size_t)batch, NULL));
-                        if (time_strategy(e, slots, batch, token_counts[ti], layers, s, r)) return 1;
-                        CHECK_GDN(gdn_engine_check_device_error(e, s));
-                        free(slots), free(accepted);
-                    }
-                    printf("%-10s %5s %2d %-7s | %16.2f | ", r->preset, r->state == GDN_DTYPE_F32 ? "f32" : "bf16",
-                           r->tokens, strategy ? "replay" : "cache", r->beyond_pools_pct);
-                    const double cache_decode = strategy ? r[-1].decode_us : r->decode_us; /* cache row first */
-                    if (gpu)
-                        printf("%16.2f %10.2f %8.3f %9.3f\n", r->verify_us, r->decode_us, r->verify_us / r->decode_us,
-                               r->verify_us / cache_decode);
-                    else printf("%16s %10s %8s %9s\n", "n/a", "n/a", "n/a", "n/a");
-                    gdn_engine_destroy(e);
-                }
-    if (!gpu) printf("(no GPU: memory only; the engines ran on the CPU backend, whose allocations are the same)\n");
-    if (json) {
-        FILE *f = fopen(json, "w");
-        if (!f) {
-            perror(json);
-            return 1;
-        }
-        fprintf(f, "{\"mode\": \"strategies\", \"slots\": %d, \"batch\": %d, \"layers\": %d, \"gpu\": %d, \"rows\": [\n",
-                num_slots, batch, layers, gpu);
-        for (int i = 0; i < n_rows; i++)
-            fprintf(f, "  {\"preset\": \"%s\", \"state\": \"%s\", \"T\": %d, \"strategy\": \"%s\", \"beyond_pools_pct\": %.3f, "
-                       "\"verify_commit_us\": %.3f, \"decode_us\": %.3f}%s\n", rows[i].preset,
-                    rows[i].state == GDN_DTYPE_F32 ? "f32" : "bf16", rows[i].tokens,
-                    rows[i].strategy == GDN_VERIFY_REPLAY ? "replay" : "cache", rows[i].beyond_pools_pct, rows[i].verify_us,
-                    rows[i].decode_us, i + 1 < n_rows ? "," : "");
-        fprintf(f, "]}\n");
-        fclose(f);
-    }
-    if (s) cudaStreamDestroy(s);
     return 0;
 }

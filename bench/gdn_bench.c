@@ -16,7 +16,10 @@
  *   gdn-bench [--quick] [--preset qwen3-next,qwen3.5,tiny,wide] [--state f32,bf16] [--batch 1,2,...]
  *             [--tokens 1,2,...] [--commit] [--json FILE] [--no-time]
  *   gdn-bench --engine ...       the whole-engine step of a 36-layer model (bench_engine.c)
- *   gdn-bench --strategies ...   cache vs replay verify: memory beyond the pools, verify + commit time
+ *   gdn-bench --strategies ...   cache, replay and ring verify: memory beyond the pools, decode and
+ *                                verify + commit time, bytes moved (bench_strategies.c)
+ *   gdn-bench --drift ...        bf16-state drift from a float64 run over thousands of decode steps,
+ *                                per-token rounding vs the ring strategy (bench_drift.c)
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -158,6 +161,14 @@ static int measure_copy(cudaStream_t s)
     CHECK_CUDA(cudaEventDestroy(e1));
     CHECK_CUDA(cudaFree(a));
     CHECK_CUDA(cudaFree(b));
+    return 0;
+}
+
+/* The copy ceiling for the other modes (bench_strategies.c): the same measurement. */
+int gdn_bench_copy_ceiling(cudaStream_t s, double *gbps)
+{
+    if (measure_copy(s)) return -1;
+    *gbps = copy_gbps;
     return 0;
 }
 
@@ -683,7 +694,8 @@ static int measure_floor(const preset *pr, cudaStream_t s, double *graph_us)
 static void usage(void)
 {
     fprintf(stderr, "usage: gdn-bench [--quick] [--preset a,b] [--state f32,bf16] [--batch 1,2,..] "
-                    "[--tokens 1,2,..] [--commit] [--no-time] [--reps N] [--json FILE]\n");
+                    "[--tokens 1,2,..] [--commit] [--no-time] [--reps N] [--json FILE]\n"
+                    "       gdn-bench --engine ... | --strategies ... | --drift ...  (each takes --help)\n");
 }
 
 static void write_json(const char *path, const result *rs, int n, const char *gpu)
@@ -712,13 +724,11 @@ static void write_json(const char *path, const result *rs, int n, const char *gp
     fclose(f);
 }
 
-int gdn_bench_engine_main(int argc, char **argv);     /* bench_engine.c */
-int gdn_bench_strategies_main(int argc, char **argv); /* bench_engine.c */
-
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--engine")) return gdn_bench_engine_main(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "--strategies")) return gdn_bench_strategies_main(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "--drift")) return gdn_bench_drift_main(argc - 1, argv + 1);
     if (load_model_presets()) {
         fprintf(stderr, "gdn-bench: gdn_model_preset failed\n");
         return 2;

@@ -41,8 +41,11 @@ struct gdn_engine {
     int64_t cache_layer_stride;
     void *token_store;          /* replay: [L, num_slots, max_tokens, token elements] input_dtype */
     int64_t store_layer_stride; /* elements */
-    int32_t *replay_meta;       /* replay: pending [L, num_slots], then the CUDA kernel's per-row
-                                 * arrival counts [max_batch] */
+    void *ring;                 /* ring: [L, num_slots, ring_capacity] records */
+    int64_t ring_layer_bytes;
+    int32_t ring_capacity;
+    int32_t *replay_meta;       /* replay: pending [L, num_slots]; ring: record counts [L, num_slots];
+                                 * then the CUDA kernel's per-row arrival counts [max_batch] */
     void *io_block;             /* every layer's q, k, v, a, b, o */
     float *params;              /* [L][2][HV]: A_log then dt_bias */
     int32_t *indices;           /* rows [2 * max_batch] (the step's bucket read slots, then its
@@ -52,8 +55,8 @@ struct gdn_engine {
     gdn_layer_io *io;     /* host [L] */
     uint8_t *layer_ran;   /* host [L] */
     int32_t *row_staging; /* host [2 * max_batch]: padded read then write slots, as uploaded */
-    int32_t *clear_list;  /* replay: host [num_slots]: freed slots whose pending counts the next step clears */
-    uint8_t *clear_flag;  /* replay: host [num_slots]: in clear_list */
+    int32_t *clear_list;  /* replay, ring: host [num_slots]: freed slots whose counts the next step clears */
+    uint8_t *clear_flag;  /* replay, ring: host [num_slots]: in clear_list */
     int32_t clear_count;
     step_state step;
 
@@ -80,6 +83,9 @@ static int32_t *accepted_buffer(const gdn_engine *e) { return e->indices + 2 * e
 static int32_t *error_flag_buffer(const gdn_engine *e) { return e->indices + 3 * e->config.max_batch; }
 static int32_t *flush_row_buffer(const gdn_engine *e) { return e->indices + 3 * e->config.max_batch + 1; }
 static int replay(const gdn_engine *e) { return e->config.verify_strategy == GDN_VERIFY_REPLAY; }
+static int ring(const gdn_engine *e) { return e->config.verify_strategy == GDN_VERIFY_RING; }
+/* Replay and ring keep per-slot counts of tokens that are not in the pool yet. */
+static int keeps_tokens(const gdn_engine *e) { return replay(e) || ring(e); }
 static int32_t *pending_buffer(const gdn_engine *e, int32_t layer)
 {
     return e->replay_meta + (size_t)layer * (size_t)e->config.num_slots;
@@ -169,7 +175,7 @@ static gdn_status allocate_everything(gdn_engine *e)
     e->row_staging = gdn__calloc(2 * (size_t)c->max_batch, sizeof *e->row_staging);
     e->capture_ran = gdn__calloc((size_t)L, sizeof *e->capture_ran);
     if (!e->io || !e->layer_ran || !e->row_staging || !e->capture_ran) return GDN_ENOMEM;
-    if (replay(e)) {
+    if (keeps_tokens(e)) {
         e->clear_list = gdn__calloc((size_t)c->num_slots, sizeof *e->clear_list);
         e->clear_flag = gdn__calloc((size_t)c->num_slots, sizeof *e->clear_flag);
         if (!e->clear_list || !e->clear_flag) return GDN_ENOMEM;
@@ -189,6 +195,16 @@ static gdn_status allocate_everything(gdn_engine *e)
         e->cache_layer_stride = e->cache_row_stride * c->max_batch;
         status = backend_alloc(e, (size_t)(e->cache_layer_stride * L) * state_size, &e->cache,
                                &e->memory.verify_cache);
+        if (status != GDN_OK) return status;
+    } else if (ring(e)) { /* ring: ring_capacity records a slot, and the record counts */
+        const gdn_model_config *m = &c->model;
+        e->ring_capacity = c->ring_length > c->max_tokens ? c->ring_length : c->max_tokens;
+        e->ring_layer_bytes = (int64_t)c->num_slots * e->ring_capacity *
+                              gdn__ring_record_bytes(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v);
+        status = backend_alloc(e, (size_t)e->ring_layer_bytes * (size_t)L, &e->ring, &e->memory.ring);
+        if (status == GDN_OK)
+            status = backend_alloc(e, ((size_t)L * (size_t)c->num_slots + (size_t)c->max_batch) * sizeof(int32_t),
+                                   (void **)&e->replay_meta, &e->memory.ring);
         if (status != GDN_OK) return status;
     } else { /* replay: max_tokens token inputs a slot, and the pending counts */
         const gdn_model_config *m = &c->model;
@@ -219,6 +235,7 @@ static void release_everything(gdn_engine *e)
         b->free(e->backend.ctx, e->state);
         b->free(e->backend.ctx, e->cache);
         b->free(e->backend.ctx, e->token_store);
+        b->free(e->backend.ctx, e->ring);
         b->free(e->backend.ctx, e->replay_meta);
         b->free(e->backend.ctx, e->io_block);
         b->free(e->backend.ctx, e->params);
@@ -251,9 +268,9 @@ gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
     gdn_engine *e = gdn__calloc(1, sizeof *e);
     if (!e) return GDN_ENOMEM;
     e->config = resolved;
-    /* Staging: a step's read and write rows, and (replay) up to every slot as a pending clear. */
-    const size_t staged_values = 2 * (size_t)resolved.max_batch +
-                                 (resolved.verify_strategy == GDN_VERIFY_REPLAY ? (size_t)resolved.num_slots : 0);
+    /* Staging: a step's read and write rows, and (replay, ring) up to every slot as a count clear. */
+    const int clears = resolved.verify_strategy == GDN_VERIFY_REPLAY || resolved.verify_strategy == GDN_VERIFY_RING;
+    const size_t staged_values = 2 * (size_t)resolved.max_batch + (clears ? (size_t)resolved.num_slots : 0);
     status = create_backend(&resolved, staged_values * sizeof(int32_t), &e->backend);
     if (status == GDN_OK) status = allocate_everything(e);
     if (status == GDN_OK) status = e->backend.iface->synchronize(e->backend.ctx, NULL); /* zero fills done */
@@ -336,7 +353,7 @@ gdn_status gdn_slot_free(gdn_engine *e, int32_t slot)
     if (status != GDN_OK) return status;
     if (step_needs_slot(e, slot)) return GDN_ESLOT_BUSY;
     status = gdn__slots_free(&e->slots, slot);
-    if (status == GDN_OK && replay(e) && !e->clear_flag[slot]) { /* the next step clears its pending tokens */
+    if (status == GDN_OK && keeps_tokens(e) && !e->clear_flag[slot]) { /* the next step clears its counts */
         e->clear_flag[slot] = 1;
         e->clear_list[e->clear_count++] = slot;
     }
@@ -359,7 +376,7 @@ static void *slot_state(const gdn_engine *e, int32_t layer, int32_t slot)
 static gdn_status clear_pending_layers(gdn_engine *e, int32_t slot, int32_t first, int32_t end, void *stream)
 {
     gdn_status status = GDN_OK;
-    for (int32_t l = first; replay(e) && l < end && status == GDN_OK; l++)
+    for (int32_t l = first; keeps_tokens(e) && l < end && status == GDN_OK; l++)
         status = e->backend.iface->zero(e->backend.ctx, pending_buffer(e, l) + slot, sizeof(int32_t), stream);
     return status;
 }
@@ -377,7 +394,7 @@ static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind 
  * are. */
 static gdn_status flush_slot_layer(gdn_engine *e, int32_t slot, int32_t layer)
 {
-    if (!replay(e)) return GDN_OK;
+    if (!keeps_tokens(e)) return GDN_OK;
     const gdn__backend_iface *b = e->backend.iface;
     gdn_status status = GDN_OK;
     if (e->clear_flag[slot]) /* freed since the last step: its pending tokens belong to the last owner */
@@ -580,6 +597,13 @@ static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind 
         p->pending = pending_buffer(e, layer);
         p->replay_verify = kind == GDN_STEP_VERIFY;
         p->arrivals = arrivals_buffer(e);
+    } else if (ring(e)) {
+        p->ring = (char *)e->ring + (size_t)(layer * e->ring_layer_bytes);
+        p->ring_capacity = e->ring_capacity;
+        p->ring_length = c->ring_length;
+        p->ring_count = pending_buffer(e, layer);
+        p->replay_verify = kind == GDN_STEP_VERIFY;
+        p->arrivals = arrivals_buffer(e);
     } else if (kind == GDN_STEP_VERIFY) {
         p->cache = (char *)e->cache + (size_t)(layer * e->cache_layer_stride) * state_size;
         p->cache_row_stride = e->cache_row_stride;
@@ -610,6 +634,7 @@ static void fill_commit_params(const gdn_engine *e, int32_t tokens, int32_t buck
         .accepted = accepted_buffer(e),
         .error_flag = error_flag_buffer(e),
         .pending = replay(e) ? pending_buffer(e, 0) : NULL,
+        .ring_count = ring(e) ? pending_buffer(e, 0) : NULL,
     };
 }
 
@@ -617,7 +642,7 @@ static void fill_commit_params(const gdn_engine *e, int32_t tokens, int32_t buck
  * the staged clears of freed slots' pending counts in every layer. */
 static gdn_status fetch_staged_rows(gdn_engine *e, void *stream)
 {
-    return e->backend.iface->fetch_rows(e->backend.ctx, read_slots_buffer(e), replay(e) ? pending_buffer(e, 0) : NULL,
+    return e->backend.iface->fetch_rows(e->backend.ctx, read_slots_buffer(e), keeps_tokens(e) ? pending_buffer(e, 0) : NULL,
                                         e->config.model.num_layers, e->config.num_slots, stream);
 }
 

@@ -16,6 +16,11 @@ extern "C" {
 /* One layer step (decode in place, or verify into the cache). GDN_ENOTSUP, GDN_EINVAL or GDN_ECUDA. */
 gdn_status gdn__cuda_layer_step(const gdn__layer_params *p, void *stream);
 
+/* The ring strategy's layer step (kernels/gdn_cuda_ring.cu), after gdn__cuda_layer_step's checks. */
+gdn_status gdn__cuda_ring_step(const gdn__layer_params *p, void *stream);
+/* GDN_OK when an instance runs p's (K, state, input, output) combination, else GDN_ENOTSUP. */
+gdn_status gdn__cuda_ring_step_supported(const gdn__layer_params *p);
+
 /* Commit of a verify step for all layers in one launch. */
 gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream);
 

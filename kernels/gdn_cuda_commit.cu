@@ -11,7 +11,8 @@
  *
  * Replay strategy (p->pending != NULL): no copy, only
  * pending_l[w] = n for every layer (one thread per (row, layer)); the next kernel that touches the
- * slot folds the tokens.
+ * slot folds the tokens. Ring strategy (p->ring_count != NULL): ring_count_l[w] += n for every layer
+ * (the verify left the count at its records' base).
  */
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
@@ -82,7 +83,10 @@ __global__ void __launch_bounds__(128) commit_pending_kernel(const gdn__commit_p
     }
     int n = p.accepted[i];
     n = n < 0 ? 0 : (n > p.T ? p.T : n);
-    for (int64_t l = threadIdx.x; l < p.num_layers; l += blockDim.x) p.pending[l * p.num_slots + w] = n;
+    if (p.ring_count)
+        for (int64_t l = threadIdx.x; l < p.num_layers; l += blockDim.x) p.ring_count[l * p.num_slots + w] += n;
+    else
+        for (int64_t l = threadIdx.x; l < p.num_layers; l += blockDim.x) p.pending[l * p.num_slots + w] = n;
 }
 
 extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream)
@@ -92,7 +96,7 @@ extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream
     if (p->B < 0 || p->B > 65535 || p->num_layers < 0 || p->num_layers > 65535) return GDN_ENOTSUP;
     if (p->T < 1 || p->T > GDN_MAX_TOKENS || p->HV < 1 || p->K < 1 || p->V < 1) return GDN_EINVAL;
     if (p->B == 0 || p->num_layers == 0) return GDN_OK;
-    if (p->pending) { /* replay */
+    if (p->pending || p->ring_count) { /* replay, ring: counts only */
         if (!p->read_slots || !p->accepted) return GDN_EINVAL;
         commit_pending_kernel<<<(unsigned)p->B, 128, 0, static_cast<cudaStream_t>(stream)>>>(*p);
         GDN__CUDA_TRY(cudaGetLastError());

@@ -42,6 +42,7 @@
  */
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
+#include "gdn_cuda_rows.cuh"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Geometry derived from the template parameters                                                    */
@@ -50,53 +51,12 @@
 /* The largest V: the most rows whose v a replay CTA prepares. */
 #define GDN__MAX_HEAD_DIM 256
 
-/* Tuning knobs (fixed after measurement; overridable for experiments): state values per thread for
- * large grids and for small grids (B = 1 needs many small CTAs), and the minimum resident CTAs per SM
- * given to __launch_bounds__. */
-#ifndef GDN__STATE_REGS_SMALL
-#define GDN__STATE_REGS_SMALL 16
-#endif
-#ifndef GDN__STATE_REGS_TINY
-#define GDN__STATE_REGS_TINY 8
-#endif
-
-/* State values per thread on large grids. bf16 state holds 64 (16-byte loads carry 8 values, so 32
- * would leave too few bytes in flight per SM); fp32 holds 32. */
-template <typename S> constexpr int big_regs() { return sizeof(S) == 2 ? 64 : 32; }
-/* (The replay instances too: 32 bf16 values per thread, more warps for the token loop, was measured
- * slower on the H100, 2026-11-22.) */
-
 /* Minimum resident 128-thread CTAs per SM (__launch_bounds__), i.e. the register cap, measured on
  * H200 (bench/results/2026-11-21-h200-kernels.md): 64 values per thread: 4 (128 registers); fp32
  * decode of the cache strategy: uncapped; otherwise 6 (80 registers). */
 template <typename S, bool ONE_TOKEN, int REGS, bool REPLAY> constexpr int min_blocks()
 {
     return REGS >= 64 ? 4 : ONE_TOKEN && !REPLAY && sizeof(S) == 4 && REGS >= 32 ? 1 : 6;
-}
-
-/* SHARED (tokens prepared once per CTA in shared memory, see below): a thread holds 16 elements of
- * a row (EPT), so that a row's dot product needs only log2(K / 16) shuffle levels; otherwise a row is
- * split into 16-byte vectors over up to 32 lanes, the widest coalesced access. */
-template <int K, typename S, int REGS, bool SHARED> struct layer_geometry {
-    static constexpr int EV = gdn__vec16<S>::elems;          /* state elements per 16-byte vector */
-    static constexpr int VEC_PER_ROW = K / EV;               /* 16-byte vectors in one state row */
-    static constexpr int L = SHARED ? K / (REGS < 16 ? REGS : 16) : (VEC_PER_ROW < 32 ? VEC_PER_ROW : 32);
-    static constexpr int NV = VEC_PER_ROW / L;               /* vectors per lane per row */
-    static constexpr int EPT = NV * EV;                      /* elements of one row a thread holds */
-    static constexpr int G = 32 / L;                         /* rows a warp covers at once */
-    static constexpr int RT = REGS / EPT > 0 ? REGS / EPT : 1; /* rows per thread */
-    static constexpr int ROWS_PER_WARP = RT * G;
-    static_assert(K % EV == 0 && NV >= 1 && VEC_PER_ROW % L == 0 && 32 % L == 0, "row split");
-    static_assert(64 % ROWS_PER_WARP == 0, "a warp tile must divide every V (64, 128, 256)");
-};
-
-/* Sum over the L lanes of a lane group (L a power of two <= 32). A butterfly: every lane of the
- * group ends with the same, bit-identical, sum. */
-template <int L> __device__ __forceinline__ float group_sum(float x)
-{
-#pragma unroll
-    for (int off = L / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-    return x;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -125,21 +85,6 @@ struct shared_tokens {
         kq = beta + capacity;
     }
 };
-
-/* The per-token scalars of SPEC 1, in one place for both staging paths: the decay g = exp(-A
- * softplus(a + dt_bias)) and beta = sigmoid(b); and the scales that normalise k and q. */
-__device__ __forceinline__ void token_gate(float a, float b, float A, float dt_bias, float &g, float &beta)
-{
-    const float x = a + dt_bias;
-    const float sp = x <= 20.0f ? log1pf(expf(x)) : x;
-    g = expf(-A * sp);
-    beta = 1.0f / (1.0f + expf(-b));
-}
-__device__ __forceinline__ void norm_scales(const gdn__layer_params &p, float kk, float qq, float &rk, float &rq)
-{
-    rk = p.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.0f;
-    rq = p.scale * (p.use_qk_l2norm ? rsqrtf(qq + 1e-6f) : 1.0f);
-}
 
 /* Token preparation runs in two passes so that every global read of a CTA's tokens is in flight at
  * once (one memory round trip, not one per token; under a saturated memory system each round trip
@@ -291,28 +236,6 @@ template <typename Geo> struct token_values {
  * Measured on the H100 (bench/results/2026-11-22-h100-strategies.md): bf16 replay verify 3-7%
  * faster; fp32 replay no faster (at 80 registers it spills), so fp32 keeps the plain update. */
 #define GDN__DECAY_FOLD_BELOW 0.00390625f /* 2^-8 */
-
-/* Stores the thread's state rows (times `decay` when DECAY_OUTSIDE), rounded once to S, into a
- * head's [V, K] block at dst. */
-template <int K, typename S, typename Geo, bool DECAY_OUTSIDE>
-__device__ __forceinline__ void store_rows(S *dst, const float (&st)[Geo::RT][Geo::NV][Geo::EV], float decay, int row0,
-                                           int glane)
-{
-#pragma unroll
-    for (int rt = 0; rt < Geo::RT; rt++)
-#pragma unroll
-        for (int n = 0; n < Geo::NV; n++) {
-            S *at = dst + (int64_t)(row0 + rt * Geo::G) * K + (n * Geo::L + glane) * Geo::EV;
-            if constexpr (DECAY_OUTSIDE) {
-                float x[Geo::EV];
-#pragma unroll
-                for (int e = 0; e < Geo::EV; e++) x[e] = st[rt][n][e] * decay;
-                gdn__store_vec<S, Geo::EV>(at, x);
-            } else {
-                gdn__store_vec<S, Geo::EV>(at, st[rt][n]);
-            }
-        }
-}
 
 /* One token applied to the thread's rows: dk = S.k^ (and dq = S.q^ when OUTPUT) over each row, one
  * lane-group reduction each, then u = beta (v - g dk), o = g dq + u k^.q^, S = g S + u k^. With
@@ -721,37 +644,21 @@ static gdn_status launch(const gdn__layer_params *p, cudaStream_t stream)
 /* Dispatch: runtime values to template instances                                                   */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* One switch over (K, state, input, output); any combination not listed is GDN_ENOTSUP. */
-#define GDN__LAYER_KEY(K, s, in, out) (((K) << 8) | ((s) << 4) | ((in) << 2) | (out))
-#define GDN__LAYER_CASE(K, s, S, in, I, out, O)                                                    \
-    case GDN__LAYER_KEY(K, GDN_DTYPE_##s, GDN_DTYPE_##in, GDN_DTYPE_##out):                        \
-        return run ? launch<K, S, I, O>(p, stream) : GDN_OK;
-#define GDN__LAYER_CASES_K(K)                                                                      \
-    GDN__LAYER_CASE(K, F32, float, BF16, __nv_bfloat16, BF16, __nv_bfloat16)                       \
-    GDN__LAYER_CASE(K, F32, float, BF16, __nv_bfloat16, F32, float)                                \
-    GDN__LAYER_CASE(K, F32, float, F16, __half, BF16, __nv_bfloat16)                               \
-    GDN__LAYER_CASE(K, F32, float, F16, __half, F32, float)                                        \
-    GDN__LAYER_CASE(K, BF16, __nv_bfloat16, BF16, __nv_bfloat16, BF16, __nv_bfloat16)              \
-    GDN__LAYER_CASE(K, BF16, __nv_bfloat16, BF16, __nv_bfloat16, F32, float)                       \
-    GDN__LAYER_CASE(K, BF16, __nv_bfloat16, F16, __half, BF16, __nv_bfloat16)                      \
-    GDN__LAYER_CASE(K, BF16, __nv_bfloat16, F16, __half, F32, float)
-
 static gdn_status dispatch(const gdn__layer_params *p, cudaStream_t stream, bool run)
 {
-    if ((unsigned)p->state_dtype > 3u || (unsigned)p->input_dtype > 3u || (unsigned)p->output_dtype > 3u)
-        return GDN_ENOTSUP;
-    switch (GDN__LAYER_KEY(p->K, (int)p->state_dtype, (int)p->input_dtype, (int)p->output_dtype)) {
-        GDN__LAYER_CASES_K(64)
-        GDN__LAYER_CASES_K(128)
-        GDN__LAYER_CASES_K(256)
-    default: return GDN_ENOTSUP;
-    }
+    GDN__LAYER_DISPATCH(launch)
 }
 
 /* Shape and alignment checks shared by both entry points (GDN_ENOTSUP for what no instance runs). */
 static gdn_status check_shape(const gdn__layer_params *p)
 {
-    if (p->T < (p->token_store ? 0 : 1) || p->T > GDN_MAX_TOKENS || p->B < 0 || p->B > 65535) return GDN_ENOTSUP;
+    if (p->T < (p->token_store || p->ring ? 0 : 1) || p->T > GDN_MAX_TOKENS || p->B < 0 || p->B > 65535)
+        return GDN_ENOTSUP;
+    if (p->ring && (p->cache || p->token_store || !p->ring_count || !p->arrivals || p->ring_length < 1))
+        return GDN_EINVAL;
+    if (p->ring && (p->ring_capacity < 1 || p->ring_capacity > GDN_MAX_RING_LENGTH || p->ring_capacity < p->T))
+        return GDN_ENOTSUP;
+    if (p->ring && (!gdn__aligned(p->ring, 16) || !gdn__aligned(p->v, 4) || !gdn__aligned(p->a, 2))) return GDN_ENOTSUP;
     if (p->token_store && (p->cache || !p->pending || !p->arrivals || p->store_tokens < 1))
         return GDN_EINVAL;
     if (p->token_store && p->store_tokens > GDN_MAX_TOKENS) return GDN_ENOTSUP; /* a warp's worth of tokens */
@@ -764,7 +671,7 @@ static gdn_status check_shape(const gdn__layer_params *p)
     if (p->cache && (!gdn__aligned(p->cache, 16) || (p->cache_row_stride * elem) % 16 != 0)) return GDN_ENOTSUP;
     if (!gdn__aligned(p->q, 16) || !gdn__aligned(p->k, 16)) return GDN_ENOTSUP;
     if (p->token_store && (!gdn__aligned(p->token_store, 16) || !gdn__aligned(p->v, 4))) return GDN_ENOTSUP; /* cp.async */
-    return dispatch(p, nullptr, false);
+    return p->ring ? gdn__cuda_ring_step_supported(p) : dispatch(p, nullptr, false);
 }
 
 extern "C" gdn_status gdn__cuda_layer_step(const gdn__layer_params *p, void *stream)
@@ -777,5 +684,6 @@ extern "C" gdn_status gdn__cuda_layer_step(const gdn__layer_params *p, void *str
         !p->read_slots || p->slot_stride < (int64_t)p->HV * p->V * p->K || p->num_slots < 0)
         return GDN_EINVAL;
     if (p->cache && p->cache_row_stride < (int64_t)p->T * p->HV * p->V * p->K) return GDN_EINVAL;
+    if (p->ring) return gdn__cuda_ring_step(p, stream);
     return dispatch(p, static_cast<cudaStream_t>(stream), true);
 }

@@ -21,6 +21,21 @@
  * and once every head of the row has read pending[r] and slot r's tokens: pending[w] = 0. A token's
  * stored inputs (input_dtype) are k [HK, K], v [HV, V], a [HV], b [HV] in that order.
  *
+ * Ring strategy (ring != NULL; cache == NULL, token_store == NULL): each slot keeps a checkpoint state
+ * (the pool) and ring_count[slot] records (0..ring_capacity), record j holding the raw k [HK, K] and a
+ * [HV] of a token (input_dtype) and its fp32 correction u [HV, V]. The state of slot s is S0 (the
+ * pool) with records 0..count-1 applied in order: S = g_j S + u_j k^_j^T (g_j from a_j, k^_j the
+ * normalised k_j). For a live row with h = clamp(ring_count[r], 0, ring_capacity):
+ *   T == 0 (a flush, w == r): state[w] = S_h; count[w] = 0 (no write when h == 0).
+ *   decode (replay_verify == 0, T == 1): o from S_h and the token (u = beta (v - g S_h k^)). If w != r
+ *     or h + 1 >= ring_length: state[w] = S_{h+1} and count[w] = 0; else record h of slot w = the
+ *     token, count[w] = h + 1.
+ *   verify (replay_verify == 1): outputs of the T tokens from S_h. flush = w != r or
+ *     h + T > ring_capacity; base = flush ? 0 : h. If flush: state[w] = S_h. Records base..base+T-1
+ *     of slot w = the T tokens; count[w] = base (commit then adds the accepted count).
+ * Every head of the row reads ring_count[r] and the records it needs before any of them is
+ * overwritten or the count changes (the CUDA kernel's last CTA of the row writes what is shared).
+ *
  * Commit (one launch for all layers): row i is skipped when r = read_slots[i] < 0 (padding). With
  * w = write_slots[i] (or r when write_slots is NULL) and n = clamp(accepted[i], 0, T):
  *   r >= num_slots or w >= num_slots: skipped, *error_flag = 1 (the verify treated the row as padding).
@@ -37,6 +52,12 @@
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+#ifdef __CUDACC__
+#define GDN__HOST_DEVICE __host__ __device__
+#else
+#define GDN__HOST_DEVICE
 #endif
 
 typedef struct gdn__layer_params {
@@ -82,17 +103,30 @@ typedef struct gdn__layer_params {
     int32_t *pending;          /* [num_slots] */
     int32_t replay_verify;
     uint32_t *arrivals;        /* [B] zeroed, left zeroed: the CUDA kernel's per-row count of finished
-                                * CTAs, so that the last one does the row's bookkeeping */
+                                * CTAs, so that the last one does the row's bookkeeping (replay, ring) */
+
+    /* Ring strategy; ring == NULL selects another. */
+    void *ring;                /* [num_slots][ring_capacity] records of gdn__ring_record_bytes() bytes */
+    int32_t ring_capacity;     /* records a slot's ring holds: max(ring_length, max_tokens) */
+    int32_t ring_length;       /* L: a decode writes the state back when its ring would hold L records */
+    int32_t *ring_count;       /* [num_slots] records in each slot's ring (this layer) */
 } gdn__layer_params;
+
+/* One ring record: k [HK, K] and a [HV] in the input dtype (2-byte), padded to 16 bytes, then u
+ * [HV, V] fp32. Offsets in bytes; every part starts 16-byte aligned. */
+static inline GDN__HOST_DEVICE int64_t gdn__ring_a_offset(int32_t HK, int32_t K) { return (int64_t)HK * K * 2; }
+static inline GDN__HOST_DEVICE int64_t gdn__ring_u_offset(int32_t HK, int32_t HV, int32_t K)
+{
+    return (gdn__ring_a_offset(HK, K) + (int64_t)HV * 2 + 15) / 16 * 16;
+}
+static inline GDN__HOST_DEVICE int64_t gdn__ring_record_bytes(int32_t HK, int32_t HV, int32_t K, int32_t V)
+{
+    return gdn__ring_u_offset(HK, HV, K) + (int64_t)HV * V * 4;
+}
 
 /* Elements of one stored token (k, v, a, b), rounded up to 16 bytes of 2-byte inputs so that every
  * stored token starts 16-byte aligned (the CUDA kernel copies them with 16-byte cp.async). Host and
  * device. */
-#ifdef __CUDACC__
-#define GDN__HOST_DEVICE __host__ __device__
-#else
-#define GDN__HOST_DEVICE
-#endif
 static inline GDN__HOST_DEVICE int64_t gdn__token_elems(int32_t HK, int32_t HV, int32_t K, int32_t V)
 {
     return ((int64_t)HK * K + (int64_t)HV * V + 2 * (int64_t)HV + 7) / 8 * 8;
@@ -118,6 +152,9 @@ typedef struct gdn__commit_params {
     /* Replay strategy: instead of copying from the cache, pending_l[w] = n for every layer (layer l's
      * counts at pending + l * num_slots); cache is NULL then. */
     int32_t *pending;
+    /* Ring strategy: ring_count_l[w] += n for every layer instead (layer l's counts at ring_count +
+     * l * num_slots; the verify left count_l[w] at the records' base); cache and pending are NULL. */
+    int32_t *ring_count;
 } gdn__commit_params;
 
 #ifdef __cplusplus

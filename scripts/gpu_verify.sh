@@ -76,11 +76,22 @@ if want racecheck && [ "${GDN_VERIFY_BENCH:-1}" = 1 ]; then
         > "$out/engine_bf16.txt" 2>&1
     "$bundle/gdn-bench" --engine --state bf16 --max-batch 256 --tokens 1,2,4 --verify cache \
         --json "$out/engine_bf16_cache.json" > "$out/engine_bf16_cache.txt" 2>&1
-    "$bundle/gdn-bench" --strategies --slots 1024 --batch 64 --layers 8 --json "$out/strategies.json" \
-        > "$out/strategies.txt" 2>&1
+    "$bundle/gdn-bench" --engine --state bf16 --max-batch 256 --tokens 1,2,4 --verify ring --ring-length 16 \
+        --json "$out/engine_bf16_ring.json" > "$out/engine_bf16_ring.txt" 2>&1
+    # Cache, replay and the ring at L = 4, 8, 16, 32 (the L sweep), B = 64, both presets and dtypes.
+    "$bundle/gdn-bench" --strategies --slots 1024 --batch 64 --layers 8 --ring-length 4,8,16,32 --samples 10 \
+        --json "$out/strategies.json" > "$out/strategies.txt" 2>&1
+    # Batch sizes beside 64: qwen3-next, ring L = 16.
+    "$bundle/gdn-bench" --strategies --slots 1024 --batch 1,8,256 --layers 8 --preset qwen3-next --tokens 4 \
+        --ring-length 16 --samples 10 --json "$out/strategies_batches.json" > "$out/strategies_batches.txt" 2>&1
+    "$bundle/gdn-bench" --drift --json "$out/drift.json" > "$out/drift.txt" 2>&1
     echo "== engine bench (default strategy)"; grep -v capturing "$out/engine_bf16.txt"
     echo "== engine bench (cache strategy)";   grep -v capturing "$out/engine_bf16_cache.txt"
-    echo "== strategies bench"; cat "$out/strategies.txt"
+    echo "== engine bench (ring strategy, L = 16)"; grep -v capturing "$out/engine_bf16_ring.txt"
+    summary() { grep -q '^# summary' "$1" && sed -n '/^# summary/,$p' "$1" || tail -20 "$1"; }
+    echo "== strategies bench (B = 64)"; summary "$out/strategies.txt"
+    echo "== strategies bench (B = 1, 8, 256)"; summary "$out/strategies_batches.txt"
+    echo "== drift bench"; grep -v '^drift:' "$out/drift.txt"
 fi
 if [ "${GDN_VERIFY_PACK:-0}" = 1 ]; then
     (cd "$out" && tar czf logs.tar.gz --exclude logs.tar.gz ./* && find . -maxdepth 1 -type f ! -name logs.tar.gz -delete)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/dtype_convert.h"
 #include "support.h"
 
 typedef struct request {
@@ -14,26 +15,28 @@ typedef struct request {
     int32_t remaining;        /* tokens still wanted */
     double *state;            /* [L][HV*V*K]: the reference, rounded where the engine stores */
     double *exact;            /* [L][HV*V*K]: the same tokens in float64, never rounded */
-    int32_t npending;         /* replay: accepted tokens not yet folded into `state` */
-    test_inputs *pending_in;  /* replay: [L] one-row inputs of those tokens */
+    int32_t npending;         /* replay: accepted tokens not yet folded into `state`; ring: the ring's
+                               * records (every token since the checkpoint `state`), h */
+    test_inputs *pending_in;  /* replay, ring: [L] one-row inputs of those tokens */
 } request;
 
-/* Copies the first `count` tokens of `row` of src into a one-row dst. */
-static void copy_row_tokens(const gdn_engine_config *c, const test_inputs *src, int32_t row, int32_t count,
-                            test_inputs *dst)
+/* Appends the first `count` tokens of `row` of src to the one-row dst (zeroed: empty). */
+static void append_row_tokens(const gdn_engine_config *c, const test_inputs *src, int32_t row, int32_t count,
+                              test_inputs *dst)
 {
     const size_t qk = (size_t)c->model.num_k_heads * (size_t)c->model.head_dim_k;
     const size_t vv = (size_t)c->model.num_v_heads * (size_t)c->model.head_dim_v, g = (size_t)c->model.num_v_heads;
-    const size_t n = (size_t)(count > 0 ? count : 1), first = (size_t)row * (size_t)src->T;
-    dst->B = 1, dst->T = count;
-    dst->q = malloc(sizeof(double) * n * qk), dst->k = malloc(sizeof(double) * n * qk);
-    dst->v = malloc(sizeof(double) * n * vv);
-    dst->a = malloc(sizeof(double) * n * g), dst->b = malloc(sizeof(double) * n * g);
-    memcpy(dst->q, src->q + first * qk, sizeof(double) * (size_t)count * qk);
-    memcpy(dst->k, src->k + first * qk, sizeof(double) * (size_t)count * qk);
-    memcpy(dst->v, src->v + first * vv, sizeof(double) * (size_t)count * vv);
-    memcpy(dst->a, src->a + first * g, sizeof(double) * (size_t)count * g);
-    memcpy(dst->b, src->b + first * g, sizeof(double) * (size_t)count * g);
+    const size_t old = (size_t)dst->T, n = old + (size_t)count, first = (size_t)row * (size_t)src->T;
+    const size_t alloc = n > 0 ? n : 1;
+    dst->B = 1, dst->T = (int32_t)n;
+    dst->q = realloc(dst->q, sizeof(double) * alloc * qk), dst->k = realloc(dst->k, sizeof(double) * alloc * qk);
+    dst->v = realloc(dst->v, sizeof(double) * alloc * vv);
+    dst->a = realloc(dst->a, sizeof(double) * alloc * g), dst->b = realloc(dst->b, sizeof(double) * alloc * g);
+    memcpy(dst->q + old * qk, src->q + first * qk, sizeof(double) * (size_t)count * qk);
+    memcpy(dst->k + old * qk, src->k + first * qk, sizeof(double) * (size_t)count * qk);
+    memcpy(dst->v + old * vv, src->v + first * vv, sizeof(double) * (size_t)count * vv);
+    memcpy(dst->a + old * g, src->a + first * g, sizeof(double) * (size_t)count * g);
+    memcpy(dst->b + old * g, src->b + first * g, sizeof(double) * (size_t)count * g);
 }
 
 static void clear_pending(request *r, int32_t layers)
@@ -54,16 +57,26 @@ static void fold_pending(const gdn_engine_config *c, const request *r, int32_t l
                        params + (size_t)layer * 2 * HV + HV, S, NULL);
 }
 
+/* Appends the first `count` tokens of row `row` of this step's inputs (every layer) to r's pending ones. */
+static void append_pending(const gdn_engine_config *c, request *r, const test_inputs *in, int32_t row, int32_t count,
+                           int32_t layers)
+{
+    if (count <= 0) return;
+    if (!r->pending_in) r->pending_in = calloc((size_t)layers, sizeof *r->pending_in);
+    for (int32_t l = 0; l < layers; l++) append_row_tokens(c, &in[l], row, count, &r->pending_in[l]);
+    r->npending += count;
+}
+
 static double out_abs_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 1e-3 : 1e-2; }
 static double out_rel_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 5e-3 : 1e-2; }
 static double state_abs_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 0.016 : 1e-2; }
 static double state_rel_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 5e-3 : 1e-2; }
 
-static void admit(gdn_engine *e, request *r, test_rng *rng, int32_t layers, size_t elems)
+static void admit(gdn_engine *e, request *r, test_rng *rng, int32_t layers, size_t elems, int32_t request_scale)
 {
     if (gdn_slot_alloc(e, &r->slot) != GDN_OK) return;
     r->live = 1;
-    r->remaining = 1 + test_rng_below(rng, 24);
+    r->remaining = (1 + test_rng_below(rng, 24)) * (request_scale > 0 ? request_scale : 1);
     r->state = calloc(elems * (size_t)layers, sizeof(double));
     r->exact = calloc(elems * (size_t)layers, sizeof(double));
     if (test_rng_uniform(rng) < 0.25) {
@@ -88,19 +101,26 @@ scenario_result run_scenario(const scenario_options *o)
     config.backend = o->backend;
     config.graph_mode = o->graph_mode;
     config.verify_strategy = o->strategy;
-    const int replay = o->strategy == GDN_VERIFY_REPLAY;
+    config.ring_length = o->ring_length;
+    const int replay = o->strategy == GDN_VERIFY_REPLAY, ring = o->strategy == GDN_VERIFY_RING;
     const int32_t check_every = o->check_every > 0 ? o->check_every : 1;
     float *params = NULL;
     gdn_engine *e = test_engine_create(&config, &rng, &params);
     config = *gdn_engine_get_config(e);
     const int32_t L = o->layers, HV = config.model.num_v_heads, V = config.model.head_dim_v;
+    /* Ring: a decode writes back when its ring would hold ring_length records, a verify when its T
+     * records do not fit the capacity. */
+    const int32_t ring_length = config.ring_length;
+    const int32_t ring_capacity = config.ring_length > config.max_tokens ? config.ring_length : config.max_tokens;
+    if (ring) result.ring_capacity = ring_capacity;
     const size_t elems = test_state_elems(e), out_per_token = (size_t)HV * (size_t)V;
     const int32_t max_requests = o->num_slots;
     request *reqs = calloc((size_t)max_requests, sizeof *reqs);
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)o->max_batch), *writes = malloc(sizeof(int32_t) * (size_t)o->max_batch);
     int32_t *row_req = malloc(sizeof(int32_t) * (size_t)o->max_batch), *accepted = malloc(sizeof(int32_t) * (size_t)o->max_batch);
     double *expected_out = malloc(sizeof(double) * out_per_token * GDN_MAX_TOKENS);
-    double *scratch = malloc(sizeof(double) * elems);
+    double *scratch = malloc(sizeof(double) * elems), *current = malloc(sizeof(double) * elems);
+    uint8_t *row_flush = calloc((size_t)o->max_batch, 1); /* ring: the row writes the state back */
     uint8_t bucket_seen[4096] = {0};
 
     for (int32_t step = 0; step < o->steps; step++) {
@@ -112,7 +132,7 @@ scenario_result run_scenario(const scenario_options *o)
         for (int32_t a = 0; a < arrivals; a++)
             for (int32_t i = 0; i < max_requests; i++)
                 if (!reqs[i].live) {
-                    admit(e, &reqs[i], &rng, L, elems);
+                    admit(e, &reqs[i], &rng, L, elems, o->request_scale);
                     result.admitted += reqs[i].live;
                     break;
                 }
@@ -160,6 +180,21 @@ scenario_result run_scenario(const scenario_options *o)
         if (bucket > result.largest_bucket) result.largest_bucket = bucket;
         status = gdn_engine_run_step(e, NULL);
         cr_assert_eq(status, GDN_OK, "step %d: run_step %s (%s)", step, gdn_status_name(status), gdn_engine_last_error(e));
+        /* Ring: which rows write the state back (the same decision in every layer). */
+        for (int32_t i = 0; i < n && ring; i++) {
+            if (rows[i] < 0) continue;
+            const int32_t h = reqs[row_req[i]].npending;
+            const int fork = forked_from[i] >= 0;
+            row_flush[i] = (uint8_t)(fork || (verify ? h + T > ring_capacity : h + 1 >= ring_length));
+            if (row_flush[i] && h < 64) result.ring_flush_depths |= 1ull << h;
+            if (fork) result.ring_flush_fork += h > 0;
+            else if (row_flush[i] && verify) result.ring_flush_verify++;
+            else if (row_flush[i]) result.ring_flush_decode++;
+            /* Records written: a verify's T (tentatively) after the ring's records, or from 0 after its
+             * write-back; a decode's one unless it writes back. */
+            const int32_t first = row_flush[i] ? 0 : h, count = verify ? T : !row_flush[i];
+            for (int32_t j = first; j < first + count && j < 64; j++) result.ring_positions |= 1ull << j;
+        }
         if (verify) {
             for (int32_t i = 0; i < n; i++) {
                 const double u = test_rng_uniform(&rng);
@@ -187,9 +222,15 @@ scenario_result run_scenario(const scenario_options *o)
                 const int32_t keep = verify ? accepted[i] : 1;
                 const float *A_log = params + (size_t)l * 2 * HV, *dt_bias = A_log + HV;
                 double *S = r->state + elems * (size_t)l;
-                fold_pending(&config, r, l, params, S); /* replay: the kernel folds before its own tokens */
+                if (ring) { /* the current state: the checkpoint with the ring's records, never rounded */
+                    memcpy(current, S, elems * sizeof(double));
+                    fold_pending(&config, r, l, params, current);
+                } else {
+                    fold_pending(&config, r, l, params, S); /* replay: the kernel folds before its own tokens */
+                }
+                const double *before = ring ? current : S;
                 test_reference_row(&config, &in[l], i, keep, A_log, dt_bias, r->exact + elems * (size_t)l, NULL);
-                memcpy(scratch, S, elems * sizeof(double));
+                memcpy(scratch, before, elems * sizeof(double));
                 test_reference_row(&config, &in[l], i, T, params + (size_t)l * 2 * HV, params + (size_t)l * 2 * HV + HV,
                                    scratch, expected_out);
                 test_round_to(expected_out, (size_t)T * out_per_token, config.output_dtype);
@@ -197,7 +238,14 @@ scenario_result run_scenario(const scenario_options *o)
                                                       out_abs_tol(o->state_dtype), out_rel_tol(o->state_dtype));
                 cr_assert_leq(ratio, 1.0, "step %d layer %d row %d: outputs at %.0f%% of tolerance", step, l, i, 100 * ratio);
                 if (ratio > result.worst_output) result.worst_output = ratio;
-                if (replay && verify) { /* the pool gets the folded state; the accepted tokens stay pending */
+                if (ring) { /* the pool changes only at a write-back: a decode's state after its token, a verify's
+                             * before its own tokens (which become the ring's records) */
+                    if (row_flush[i]) {
+                        if (!verify) test_reference_row(&config, &in[l], i, 1, A_log, dt_bias, current, NULL);
+                        memcpy(S, current, elems * sizeof(double));
+                        test_round_to(S, elems, o->state_dtype);
+                    }
+                } else if (replay && verify) { /* the pool gets the folded state; the accepted tokens stay pending */
                     test_round_to(S, elems, o->state_dtype);
                 } else if (keep > 0) { /* the state after `keep` tokens, rounded once where the engine stores it */
                     test_reference_row(&config, &in[l], i, keep, A_log, dt_bias, S, NULL);
@@ -212,14 +260,18 @@ scenario_result run_scenario(const scenario_options *o)
             const int32_t keep = verify ? accepted[i] : 1;
             if (replay) { /* folded by this step; a verify leaves its accepted tokens pending */
                 clear_pending(r, L);
-                if (verify && keep > 0) {
-                    r->pending_in = calloc((size_t)L, sizeof *r->pending_in);
-                    for (int32_t l = 0; l < L; l++) copy_row_tokens(&config, &in[l], i, keep, &r->pending_in[l]);
-                    r->npending = keep;
-                }
+                if (verify) append_pending(&config, r, in, i, keep, L);
+            }
+            if (ring) { /* a write-back empties the ring; the kept tokens are its new records */
+                if (row_flush[i]) clear_pending(r, L);
+                if (verify || !row_flush[i]) append_pending(&config, r, in, i, keep, L);
+                if (r->npending > result.ring_largest) result.ring_largest = r->npending;
+                cr_assert_leq(r->npending, ring_capacity, "the model's ring overflowed");
             }
             if (forked_from[i] >= 0) { /* the request moves to its new slot; the old one retires */
-                if (keep == 0) { /* nothing was committed into the new slot: carry the state over */
+                /* Nothing was committed into the new slot: carry the state over. Not with the ring: a fork
+                 * writes the read slot's current state into the write slot whatever is accepted. */
+                if (keep == 0 && !ring) {
                     for (int32_t l = 0; l < L; l++) {
                         void *raw = malloc(test_state_bytes(e));
                         cr_assert_eq(gdn_slot_read_state(e, l, r->slot, raw), GDN_OK);
@@ -234,11 +286,26 @@ scenario_result run_scenario(const scenario_options *o)
         }
 
         /* Every live request's state, every layer, against the reference (replay: reading a state
-         * folds its pending tokens first, so the model does too). */
+         * folds its pending tokens first, so the model does too; ring: a read writes the current state
+         * back into the pool, rounded, and empties the ring). */
         const int check_now = step % check_every == check_every - 1 || step == o->steps - 1;
         for (int32_t q = 0; q < max_requests && check_now; q++) {
             if (!reqs[q].live) continue;
-            if (replay && reqs[q].npending > 0) {
+            /* The raw pool, before the read: the model's stored state (the replay and ring strategies'
+             * pools lag by the pending tokens, and a write-back at another point than the model's shows
+             * here as a whole token's difference, not only as rounding). */
+            unsigned char *pool = test_snapshot_pool(e, reqs[q].slot);
+            for (int32_t l = 0; l < L; l++) {
+                const unsigned char *raw = pool + test_state_bytes(e) * (size_t)l;
+                for (size_t j = 0; j < elems; j++) scratch[j] = gdn__load_f32(raw, config.state_dtype, (int64_t)j);
+                const double ratio = test_error_ratio(scratch, reqs[q].state + elems * (size_t)l, elems,
+                                                      state_abs_tol(o->state_dtype), state_rel_tol(o->state_dtype));
+                cr_assert_leq(ratio, 1.0, "step %d request %d layer %d (%d pending): raw pool at %.0f%% of tolerance", step, q,
+                              l, reqs[q].npending, 100 * ratio);
+            }
+            free(pool);
+            if ((replay || ring) && reqs[q].npending > 0) { /* ring: the read writes the state back */
+                result.ring_flush_read += ring;
                 for (int32_t l = 0; l < L; l++) {
                     fold_pending(&config, &reqs[q], l, params, reqs[q].state + elems * (size_t)l);
                     test_round_to(reqs[q].state + elems * (size_t)l, elems, o->state_dtype);
@@ -270,11 +337,13 @@ scenario_result run_scenario(const scenario_options *o)
     cr_assert_eq(gdn_engine_check_device_error(e, NULL), GDN_OK);
     /* How far the stored states are from the never-rounded float64 run of the same tokens. */
     double err2 = 0.0, ref2 = 0.0;
+    if (o->final_states) memset(o->final_states, 0, sizeof(double) * elems * (size_t)L * (size_t)o->num_slots);
     for (int32_t q = 0; q < max_requests; q++) {
         if (!reqs[q].live) continue;
         for (int32_t l = 0; l < L; l++) {
             double *s = test_read_state(e, l, reqs[q].slot);
             const double *x = reqs[q].exact + elems * (size_t)l;
+            if (o->final_states) memcpy(o->final_states + ((size_t)q * (size_t)L + (size_t)l) * elems, s, sizeof(double) * elems);
             for (size_t j = 0; j < elems; j++) err2 += (s[j] - x[j]) * (s[j] - x[j]), ref2 += x[j] * x[j];
             free(s);
         }
@@ -285,6 +354,7 @@ scenario_result run_scenario(const scenario_options *o)
         clear_pending(&reqs[q], L);
     }
     free(reqs), free(rows), free(writes), free(row_req), free(accepted), free(expected_out), free(scratch), free(params);
+    free(current), free(row_flush);
     gdn_engine_destroy(e);
     return result;
 }

@@ -5,7 +5,9 @@
  * padding rows, forks into a new write slot, random acceptance (0 and T included), and retire. The
  * host model follows the strategy's rounding points: the cache strategy stores the state after the
  * accepted prefix; the replay strategy stores the folded state and keeps the accepted tokens pending
- * until the next step (or a state read) folds them.
+ * until the next step (or a state read) folds them; the ring strategy keeps a checkpoint (rounded only
+ * where the engine writes the pool back) and every token since it, until a full ring, a verify that
+ * does not fit, a fork or a state read writes the state back.
  */
 #ifndef GDN_TESTS_SCENARIO_H
 #define GDN_TESTS_SCENARIO_H
@@ -21,7 +23,13 @@ typedef struct scenario_options {
     int32_t layers, steps, num_slots, max_batch, max_tokens;
     int32_t check_every; /* compare every live state every this many steps (and at the end); 0 = 1 */
     int32_t min_live;    /* admit requests until at least this many are live (large batches); 0 = none */
+    int32_t ring_length; /* GDN_VERIFY_RING: the engine's ring_length (0: the default) */
+    int32_t request_scale; /* a request wants (1..24) x this many tokens (long requests fill long rings); 0 = 1 */
     uint64_t seed;
+    /* Optional (may be NULL): receives at the end the states of the requests still live, as
+     * [num_slots requests][layers][HV*V*K] doubles indexed by request (zeros for the others), so that
+     * runs with the same seed and other strategies can be compared request by request. */
+    double *final_states;
 } scenario_options;
 
 typedef struct scenario_result {
@@ -32,6 +40,16 @@ typedef struct scenario_result {
     int32_t largest_bucket;
     int32_t accepted_zero, accepted_full;
     double rms_vs_exact; /* at the end: RMS of (state - never-rounded float64 state) / RMS of the latter */
+    /* Ring strategy: write-backs, counted per request (the scenario's steps and checks cover every layer,
+     * so every layer's ring holds the same number of records), and what the rings held. */
+    int32_t ring_capacity;     /* the engine's: max(ring_length, max_tokens) */
+    int32_t ring_flush_decode; /* a decode whose ring would hold ring_length records (h + 1 >= L) */
+    int32_t ring_flush_verify; /* a verify that did not fit (h + T > capacity), not a fork */
+    int32_t ring_flush_fork;   /* a fork (write slot != read slot) of a request with records (h > 0) */
+    int32_t ring_flush_read;   /* a state check (gdn_slot_read_state) that found records */
+    int32_t ring_largest;      /* the most records a request held after a step */
+    uint64_t ring_positions;   /* bit j: a step wrote a record at ring position j */
+    uint64_t ring_flush_depths; /* bit h: a kernel write-back (decode, verify, fork) applied h records */
 } scenario_result;
 
 /* Runs the scenario, asserting (Criterion) at every step; returns the statistics. */

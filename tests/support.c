@@ -113,6 +113,22 @@ unsigned char *test_snapshot_slot(gdn_engine *engine, int32_t slot)
     return snap;
 }
 
+unsigned char *test_snapshot_pool(gdn_engine *engine, int32_t slot)
+{
+    const int32_t L = gdn_engine_get_config(engine)->model.num_layers;
+    const size_t bytes = test_state_bytes(engine);
+    unsigned char *snap = malloc(bytes * (size_t)L);
+    for (int32_t l = 0; l < L; l++) {
+        gdn_state_pool pool;
+        cr_assert_eq(gdn_engine_state_pool(engine, l, &pool), GDN_OK);
+        const size_t offset = (size_t)slot * (size_t)pool.slot_stride * gdn_dtype_size(pool.dtype);
+        cr_assert_eq(gdn_engine_download(engine, snap + bytes * (size_t)l, (const char *)pool.data + offset, bytes, NULL),
+                     GDN_OK);
+    }
+    cr_assert_eq(gdn_engine_synchronize(engine, NULL), GDN_OK);
+    return snap;
+}
+
 /* Draws n values of scale*N(0,1), rounds them to dtype into dev_host (a host staging array), and
  * keeps the widened values in out. */
 static void draw(test_rng *rng, size_t n, double scale, gdn_dtype dtype, void *staging, double *out)
@@ -197,8 +213,9 @@ void test_reference_row(const gdn_engine_config *c, const test_inputs *in, int32
     const int32_t K = c->model.head_dim_k, V = c->model.head_dim_v;
     const double scale = c->model.scale > 0 ? c->model.scale : 1.0 / sqrt((double)K);
     const int32_t T = in->T;
-    double *head_out = malloc(sizeof(double) * (size_t)(tokens > 0 ? tokens : 1) * (size_t)V);
-    double a[GDN_MAX_TOKENS], b[GDN_MAX_TOKENS];
+    const size_t n = (size_t)(tokens > 0 ? tokens : 1); /* the ring strategy's model replays up to 2x max_tokens */
+    double *head_out = malloc(sizeof(double) * n * (size_t)V);
+    double *a = malloc(sizeof(double) * n), *b = malloc(sizeof(double) * n);
     for (int32_t h = 0; h < HV; h++) {
         const int32_t kh = h / (HV / HK);
         for (int32_t t = 0; t < tokens; t++) {
@@ -214,7 +231,7 @@ void test_reference_row(const gdn_engine_config *c, const test_inputs *in, int32
             for (int32_t t = 0; t < tokens; t++)
                 memcpy(out + ((size_t)t * HV + h) * V, head_out + (size_t)t * V, sizeof(double) * (size_t)V);
     }
-    free(head_out);
+    free(head_out), free(a), free(b);
 }
 
 void test_round_to(double *x, size_t n, gdn_dtype dtype)

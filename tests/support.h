@@ -77,6 +77,11 @@ size_t test_state_elems(const gdn_engine *engine);
 /* Snapshot of every layer's state of `slot` as raw bytes (caller frees with free()). */
 unsigned char *test_snapshot_slot(gdn_engine *engine, int32_t slot);
 
+/* Snapshot of every layer's pool bytes of `slot`, copied straight from the pools (gdn_engine_state_pool
+ * and gdn_engine_download), not through gdn_slot_read_state: a read through the API writes back what
+ * the replay and ring strategies keep pending, so only this one sees a lagging pool as it is. */
+unsigned char *test_snapshot_pool(gdn_engine *engine, int32_t slot);
+
 /* Runs a step: begin (asserting success), run all layers. */
 void test_run_step(gdn_engine *engine, gdn_step_kind kind, int32_t T, int32_t batch, const int32_t *slots,
                    const int32_t *write_slots);

@@ -155,6 +155,49 @@ Test(config, rejects_bad_strategy_and_backend)
     expect_invalid(&c, GDN_ECONFIG_BACKEND);
 }
 
+Test(config, rejects_bad_ring_length)
+{
+    gdn_engine_config c = valid();
+    c.verify_strategy = GDN_VERIFY_RING;
+    c.ring_length = GDN_MIN_RING_LENGTH - 1;
+    expect_invalid(&c, GDN_ECONFIG_RING);
+    c.ring_length = GDN_MAX_RING_LENGTH + 1;
+    expect_invalid(&c, GDN_ECONFIG_RING);
+    c.ring_length = -16;
+    expect_invalid(&c, GDN_ECONFIG_RING);
+    /* In the order the fields are declared: verify_strategy, ring_length, backend. */
+    c.verify_strategy = (gdn_verify_strategy)7;
+    expect_invalid(&c, GDN_ECONFIG_VERIFY);
+    c.verify_strategy = GDN_VERIFY_RING;
+    c.backend = (gdn_backend_kind)7;
+    expect_invalid(&c, GDN_ECONFIG_RING);
+    c = valid();
+    c.verify_strategy = GDN_VERIFY_RING;
+    const int32_t good[] = {0, GDN_MIN_RING_LENGTH, GDN_DEFAULT_RING_LENGTH, GDN_MAX_RING_LENGTH};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        c.ring_length = good[i];
+        cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK, "ring_length %d", good[i]);
+    }
+}
+
+Test(config, ring_length_zero_resolves_to_the_default_and_the_ring_replaces_the_cache)
+{
+    gdn_engine_config c = valid(); /* ring_length 0 */
+    c.verify_strategy = GDN_VERIFY_RING;
+    cr_assert_eq(c.ring_length, 0);
+    gdn_engine *e = NULL;
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
+    cr_assert_eq(gdn_engine_get_config(e)->verify_strategy, GDN_VERIFY_RING);
+    cr_assert_eq(gdn_engine_get_config(e)->ring_length, GDN_DEFAULT_RING_LENGTH);
+    gdn_memory_report r;
+    cr_assert_eq(gdn_engine_memory(e, &r), GDN_OK);
+    cr_assert_gt(r.ring, 0);
+    cr_assert_eq(r.verify_cache, 0);
+    cr_assert_eq(r.token_store, 0);
+    cr_assert_eq(r.total, r.state_pools + r.ring + r.io_buffers + r.parameters + r.indices);
+    gdn_engine_destroy(e);
+}
+
 Test(config, auto_strategy_is_replay_for_drafts_at_batch_16_and_up)
 {
     const struct { int32_t max_tokens, max_batch; gdn_verify_strategy expected; } cases[] = {
@@ -176,6 +219,7 @@ Test(config, auto_strategy_is_replay_for_drafts_at_batch_16_and_up)
         /* what each strategy allocates, so the choice is not only a reported label */
         if (cases[n].expected == GDN_VERIFY_REPLAY) cr_assert(r.verify_cache == 0 && r.token_store > 0);
         else cr_assert(r.verify_cache > 0 && r.token_store == 0);
+        cr_assert_eq(r.ring, 0, "AUTO never picks the ring strategy");
         gdn_engine_destroy(e);
         cr_assert_eq(c.verify_strategy, GDN_VERIFY_AUTO, "create must not change the caller's config");
     }
@@ -195,6 +239,7 @@ Test(config, replay_strategy_allocates_a_token_store_instead_of_the_cache)
     const uint64_t store = 2ull * 8 * 4 * token_elems * 2; /* layers x slots x T x bf16 */
     const uint64_t meta = 2ull * 8 * 4 + 8 * 4;             /* pending per layer and slot, arrivals per row */
     cr_assert_eq(r.token_store, store + meta);
+    cr_assert_eq(r.ring, 0);
     cr_assert_eq(r.total, r.state_pools + r.token_store + r.io_buffers + r.parameters + r.indices);
     gdn_engine_destroy(e);
 }
@@ -253,6 +298,7 @@ Test(config, memory_report_adds_up)
     cr_assert_eq(r.verify_cache, 2 * 8 * 4 * slot_bytes); /* layers x max_batch x max_tokens */
     cr_assert_gt(r.io_buffers, 0);
     cr_assert_eq(r.token_store, 0);
+    cr_assert_eq(r.ring, 0);
     cr_assert_eq(r.total, r.state_pools + r.verify_cache + r.io_buffers + r.parameters + r.indices);
     cr_assert_eq(gdn_engine_memory(e, NULL), GDN_EINVAL);
     gdn_engine_destroy(e);

@@ -2,11 +2,18 @@
  * The replay verify strategy's CUDA path: the same random scenarios as on the CPU backend (random
  * acceptance including 0 and T, retirement, padding, states read back) against the host model with
  * the replay rounding points, for both strategies and both state dtypes, and the bf16 closeness
- * comparison (replay rounds once per step, so it must not end farther from the float64 run).
+ * comparison (replay rounds once per step, so it must not end farther from the float64 run). The ring
+ * strategy's CUDA path: the same scenarios with rings of 4 to 32 records (the host model writes back
+ * where the engine must, and the raw pools are compared with it before every read), T up to 16 for
+ * K = 64, 128 and 256, large batches, and the directed checks of ring_checks.c (write-back points,
+ * reads, reset and free, forks, bit-exact pools outside the step).
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
+#include "engine/alloc.h"
+#include "engine/backend_impl.h"
+#include "ring_checks.h"
 #include "scenario.h"
 #include "support.h"
 
@@ -77,6 +84,180 @@ Test(gpu_replay, large_batches_match_the_host_model, .timeout = 900)
         cr_assert_gt(r.verify_steps, 0);
         cr_assert_geq(r.largest_bucket, 32); /* qwen3-next: four row sets per CTA from B = 32 on */
     }
+}
+
+/* The ring strategy on the tiny preset, both state dtypes, rings of 4 and 16 records (T <= 4): rings
+ * that fill and write back in the kernels (states read every 5 or 20 steps; longer requests for the
+ * longer ring), and with bf16 state the ring must not end farther from the float64 run than the cache
+ * strategy on the same requests. */
+Test(gpu_replay, ring_matches_the_host_model, .timeout = 900)
+{
+    test_require_gpu();
+    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    const int32_t lengths[] = {4, 16};
+    for (int d = 0; d < 2; d++)
+        for (int li = 0; li < 2; li++) {
+            scenario_options o = {.preset = "tiny", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                                  .state_dtype = dtypes[d], .strategy = GDN_VERIFY_RING, .layers = 3, .steps = 200,
+                                  .num_slots = 24, .max_batch = 16, .max_tokens = 4, .check_every = li ? 20 : 5,
+                                  .ring_length = lengths[li], .request_scale = li ? 4 : 1, .seed = 740 + (uint64_t)d};
+            scenario_result r = run_scenario(&o);
+            cr_log_info("tiny %s ring %d: worst state %.1f%%, output %.1f%% of tolerance, RMS to float64 %.4g; write-backs: "
+                        "decode %d, verify %d, fork %d, read %d; most records %d",
+                        d ? "bf16" : "fp32", lengths[li], 100 * r.worst_state, 100 * r.worst_output, r.rms_vs_exact,
+                        r.ring_flush_decode, r.ring_flush_verify, r.ring_flush_fork, r.ring_flush_read, r.ring_largest);
+            cr_assert_gt(r.ring_flush_decode, 0);
+            cr_assert_gt(r.ring_flush_verify, 0);
+            if (d == 1 && li == 1) {
+                o.strategy = GDN_VERIFY_CACHE;
+                const scenario_result cache = run_scenario(&o);
+                cr_assert_leq(r.rms_vs_exact, cache.rms_vs_exact * 1.02, "bf16: ring %.4g vs cache %.4g from the float64 run",
+                              r.rms_vs_exact, cache.rms_vs_exact);
+            }
+        }
+}
+
+/* Verifies of up to 16 tokens with rings of 4 (capacity 16: a verify may leave more records than
+ * ring_length, written back by the next decode) and 32 (the longest ring, filled by long requests), for
+ * K = 64, 128 and 256; each preset runs one ring length per state dtype. */
+Test(gpu_replay, ring_sixteen_token_verifies_match_the_host_model, .timeout = 900)
+{
+    test_require_gpu();
+    const char *presets[] = {"tiny", "qwen3-next", "wide"};
+    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    for (int pi = 0; pi < 3; pi++)
+        for (int li = 0; li < 2; li++) {
+            const int32_t ring_length = li ? 32 : 4;
+            const int d = (li + pi) % 2;
+            scenario_options o = {.preset = presets[pi], .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                                  .state_dtype = dtypes[d], .strategy = GDN_VERIFY_RING, .layers = 2,
+                                  .steps = pi == 1 ? 20 : 40, .num_slots = 16, .max_batch = 8, .max_tokens = GDN_MAX_TOKENS,
+                                  .check_every = li ? 15 : 4, .ring_length = ring_length, .request_scale = li ? 4 : 1,
+                                  .seed = 750 + (uint64_t)(2 * pi + li)};
+            scenario_result r = run_scenario(&o);
+            cr_log_info("%s %s ring %d, T <= 16: worst state %.1f%%, output %.1f%% of tolerance; write-backs: decode %d, "
+                        "verify %d, fork %d, read %d; most records %d",
+                        presets[pi], d ? "bf16" : "fp32", ring_length, 100 * r.worst_state, 100 * r.worst_output,
+                        r.ring_flush_decode, r.ring_flush_verify, r.ring_flush_fork, r.ring_flush_read, r.ring_largest);
+            cr_assert_gt(r.verify_steps, 0);
+            cr_assert_gt(r.accepted_full, 0);
+            if (ring_length == 4) cr_assert_gt(r.ring_flush_decode + r.ring_flush_verify, 0, "write-backs in the kernels");
+            else cr_assert_gt(r.ring_largest, GDN_MAX_TOKENS, "rings held more than one verify's tokens");
+        }
+}
+
+/* Batches of up to 64 rows of qwen3-next with the ring strategy (large grids). */
+Test(gpu_replay, ring_large_batches_match_the_host_model, .timeout = 900)
+{
+    test_require_gpu();
+    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    const int32_t lengths[] = {8, 4};
+    for (int d = 0; d < 2; d++) {
+        scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_RING, .layers = 1, .steps = 40,
+                              .num_slots = 80, .max_batch = 64, .max_tokens = 4, .check_every = 2 * lengths[d],
+                              .min_live = 60, .ring_length = lengths[d], .seed = 760 + (uint64_t)d};
+        scenario_result r = run_scenario(&o);
+        cr_log_info("qwen3-next %s ring %d, B <= 64: worst state %.1f%%, output %.1f%% of tolerance, largest bucket %d; "
+                    "write-backs: decode %d, verify %d, fork %d, read %d",
+                    d ? "bf16" : "fp32", lengths[d], 100 * r.worst_state, 100 * r.worst_output, r.largest_bucket,
+                    r.ring_flush_decode, r.ring_flush_verify, r.ring_flush_fork, r.ring_flush_read);
+        cr_assert_gt(r.verify_steps, 0);
+        cr_assert_geq(r.largest_bucket, 32);
+        cr_assert_gt(r.ring_flush_decode, 0);
+        cr_assert_gt(r.ring_flush_verify, 0);
+    }
+}
+
+/* The ring strategy's step path allocates neither host memory of the library's nor device memory, with
+ * every graph captured at creation: verifies that do not fit and their commits, decodes that fill and
+ * write back rings, and steps after a slot with records was freed and handed out again. */
+Test(gpu_replay, ring_no_allocation_after_creation, .timeout = 300)
+{
+    test_require_gpu();
+    gdn_engine_config c = test_config("qwen3-next", 2, GDN_DTYPE_BF16, 40, 32, 4);
+    c.backend = GDN_BACKEND_CUDA;
+    c.graph_mode = GDN_GRAPHS_AT_CREATE;
+    c.verify_strategy = GDN_VERIFY_RING;
+    c.ring_length = 4;
+    test_rng rng = test_rng_seeded(770);
+    gdn_engine *e = test_engine_create(&c, &rng, NULL);
+    int32_t slots[32], accepted[32];
+    for (int i = 0; i < 32; i++) {
+        cr_assert_eq(gdn_slot_alloc(e, &slots[i]), GDN_OK);
+        accepted[i] = i % 5;
+    }
+    cr_assert_eq(gdn_engine_synchronize(e, NULL), GDN_OK);
+    const uint64_t device_before = gdn__cuda_device_allocations(), library_before = gdn__allocation_count();
+    gdn_status worst = GDN_OK;
+    for (int32_t round = 0; round < 3; round++)
+        for (int32_t B = 1; B <= 32; B += 3)
+            for (int32_t T = 1; T <= 4; T++) {
+                gdn_step st = {.kind = T == 1 ? GDN_STEP_DECODE : GDN_STEP_VERIFY, .tokens = T, .batch = B, .slots = slots};
+                gdn_status s[] = {gdn_engine_begin_step(e, &st, NULL, NULL), gdn_engine_run_step(e, NULL), GDN_OK, GDN_OK,
+                                  GDN_OK};
+                if (T > 1) {
+                    s[2] = gdn_engine_upload(e, gdn_engine_accepted(e), accepted, sizeof(int32_t) * (size_t)B, NULL);
+                    s[3] = gdn_engine_commit(e, NULL);
+                }
+                if (B == 31 && T == 4) { /* a slot with records freed and handed out again */
+                    const int32_t victim = slots[round];
+                    s[4] = gdn_slot_free(e, victim);
+                    if (s[4] == GDN_OK) s[4] = gdn_slot_alloc(e, &slots[round]);
+                }
+                for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) worst = worst ? worst : s[i];
+            }
+    const uint64_t library_after = gdn__allocation_count();
+    cr_assert_eq(gdn_engine_synchronize(e, NULL), GDN_OK);
+    cr_assert_eq(worst, GDN_OK, "a step failed: %s", gdn_status_name(worst));
+    cr_assert_eq(gdn_engine_check_device_error(e, NULL), GDN_OK);
+    cr_assert_eq(library_after, library_before, "the library allocated %llu times on the step path",
+                 (unsigned long long)(library_after - library_before));
+    cr_assert_eq(gdn__cuda_device_allocations(), device_before, "the library allocated device memory on the step path");
+    gdn_engine_destroy(e);
+}
+
+/* The directed checks of the CPU suite (test_ring.c) on the CUDA backend. */
+Test(gpu_replay, ring_write_back_points_are_exact)
+{
+    test_require_gpu();
+    ring_check_write_back_points_are_exact(GDN_BACKEND_CUDA);
+}
+
+Test(gpu_replay, ring_a_read_in_the_middle_of_a_ring_returns_the_current_state)
+{
+    test_require_gpu();
+    ring_check_a_read_in_the_middle_of_a_ring_returns_the_current_state(GDN_BACKEND_CUDA);
+}
+
+Test(gpu_replay, ring_a_write_in_the_middle_of_a_ring_replaces_it)
+{
+    test_require_gpu();
+    ring_check_a_write_in_the_middle_of_a_ring_replaces_it(GDN_BACKEND_CUDA);
+}
+
+Test(gpu_replay, ring_reset_and_free_in_the_middle_of_a_ring)
+{
+    test_require_gpu();
+    ring_check_reset_and_free_in_the_middle_of_a_ring(GDN_BACKEND_CUDA);
+}
+
+Test(gpu_replay, ring_a_verify_that_does_not_fit_writes_back_first)
+{
+    test_require_gpu();
+    ring_check_a_verify_that_does_not_fit_writes_back_first(GDN_BACKEND_CUDA);
+}
+
+Test(gpu_replay, ring_forks_write_back_into_the_new_slot)
+{
+    test_require_gpu();
+    ring_check_forks_write_back_into_the_new_slot(GDN_BACKEND_CUDA);
+}
+
+Test(gpu_replay, ring_slots_outside_the_step_and_padding_rows_are_bit_exact)
+{
+    test_require_gpu();
+    ring_check_slots_outside_the_step_and_padding_rows_are_bit_exact(GDN_BACKEND_CUDA);
 }
 
 #else /* no CUDA in this build: one test that says so by skipping */

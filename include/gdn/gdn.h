@@ -83,6 +83,7 @@ GDN_API int gdn_version(void);
     XX(ECONFIG_BACKEND, -31, "config: backend is not a known backend")                             \
     XX(ECONFIG_SCALE, -32, "config: scale must be finite and >= 0 (0 selects K^-0.5)")             \
     XX(ECONFIG_GRAPHS, -33, "config: graph_mode is not a known mode")                              \
+    XX(ECONFIG_RING, -34, "config: ring_length must be 0 (the default) or 4..32")                  \
     XX(ESTEP_KIND, -40, "step: kind must be GDN_STEP_DECODE or GDN_STEP_VERIFY")                   \
     XX(ESTEP_BATCH, -41, "step: batch must be between 0 and max_batch")                            \
     XX(ESTEP_TOKENS, -42, "step: tokens must be 1 for decode and 1..max_tokens for verify")        \
@@ -145,7 +146,23 @@ typedef enum gdn_verify_strategy {
      * that never verifies more than one token, or whose largest batch is under 16 rows, keeps the cache
      * strategy. gdn_engine_get_config reports the choice. */
     GDN_VERIFY_AUTO = 2,
+    /* Each slot keeps, per layer, a checkpoint state (the pool) and a ring of up to ring_length
+     * recent token records (k and a as given, and the token's fp32 correction u; SPEC 3 and the
+     * ring issue's math): a decode reads the checkpoint and does not write it, computing its output
+     * from the checkpoint plus the ring, and appends one record; a row whose ring would hold
+     * ring_length records writes its state back (in the same kernel) and empties its ring. A verify
+     * computes its T outputs the same way and appends T records tentatively; commit only moves the
+     * ring's cursor by accepted[i]. A verify that does not fit the ring's free space, and any row
+     * whose write slot differs from its read slot, writes the state back first. The pool therefore
+     * lags for slots with ring records: reading a state through the API writes the slot's ring back
+     * first. Both backends. */
+    GDN_VERIFY_RING = 3,
 } gdn_verify_strategy;
+
+/* Ring strategy: records a slot's ring holds before its state is written back (ring_length). */
+#define GDN_MIN_RING_LENGTH 4
+#define GDN_MAX_RING_LENGTH 32
+#define GDN_DEFAULT_RING_LENGTH 16
 
 /* When the CUDA backend captures a step's CUDA graph (one per bucket, T and step kind). */
 typedef enum gdn_graph_mode {
@@ -190,6 +207,7 @@ typedef struct gdn_engine_config {
     int32_t num_buckets;    /* 0: the default list (1, 2, 4, 8, every 8 to 256, every 16 after) */
     int32_t buckets[GDN_MAX_BUCKETS]; /* padded batch sizes, strictly increasing, last == max_batch */
     gdn_verify_strategy verify_strategy;
+    int32_t ring_length;    /* GDN_VERIFY_RING: 0 (GDN_DEFAULT_RING_LENGTH) or 4..32, checked for every strategy */
     gdn_backend_kind backend;
     int32_t device;         /* CUDA device ordinal (CUDA backend) */
 
@@ -221,7 +239,7 @@ GDN_API gdn_status gdn_model_preset(const char *name, int32_t num_layers, gdn_mo
 
 /*
  * Fills `config` with defaults around `model`: fp32 state, bf16 inputs and outputs, 64 slots,
- * max_batch 64, max_tokens 4, the default buckets, the cache verify strategy, the AUTO backend,
+ * max_batch 64, max_tokens 4, the default buckets, the AUTO verify strategy, the AUTO backend,
  * device 0, lazily captured graphs, no callbacks. Returns GDN_EINVAL for NULL pointers.
  */
 GDN_API gdn_status gdn_engine_config_init(gdn_engine_config *config, const gdn_model_config *model);
@@ -240,8 +258,7 @@ GDN_API gdn_status gdn_engine_config_validate(const gdn_engine_config *config);
  * Validates `config` and allocates everything the engine will use (pools, verify cache, I/O buffers,
  * slot tables). State pools start zeroed; A_log and dt_bias start at zero for every layer (set them
  * with gdn_engine_set_layer_params). Returns GDN_ECONFIG_* for a bad field, GDN_ENODEV when
- * GDN_BACKEND_CUDA was asked for and no GPU (or no CUDA support in this build) is there, GDN_ENOTSUP
- * for the replay strategy on the CUDA backend (AUTO included; see GDN_VERIFY_REPLAY), GDN_ENOMEM
+ * GDN_BACKEND_CUDA was asked for and no GPU (or no CUDA support in this build) is there, GDN_ENOMEM
  * when an allocation fails. On success *out is the new engine.
  */
 GDN_API gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out);
@@ -263,6 +280,7 @@ typedef struct gdn_memory_report {
     uint64_t state_pools;  /* all layers' pools */
     uint64_t verify_cache; /* intermediate-state cache (cache strategy) */
     uint64_t token_store;  /* per-slot token inputs and pending counts (replay strategy) */
+    uint64_t ring;         /* per-slot token records and ring counts (ring strategy) */
     uint64_t io_buffers;   /* q, k, v, a, b, o for every layer */
     uint64_t parameters;   /* A_log, dt_bias */
     uint64_t indices;      /* slot indices, accepted counts, error flag */

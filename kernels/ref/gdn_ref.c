@@ -36,6 +36,16 @@ void gdn__ref_head(int32_t T, int32_t K, int32_t V, double *S, const double *q, 
                    const double *b, double A_log, double dt_bias, double scale, int use_qk_l2norm,
                    double *out, int64_t out_token_stride, gdn__ref_token_hook after_token, void *user)
 {
+    gdn__ref_head_updates(T, K, V, S, q, k, qk_token_stride, v, v_token_stride, a, b, A_log, dt_bias, scale,
+                          use_qk_l2norm, out, out_token_stride, after_token, user, NULL);
+}
+
+void gdn__ref_head_updates(int32_t T, int32_t K, int32_t V, double *S, const double *q, const double *k,
+                           int64_t qk_token_stride, const double *v, int64_t v_token_stride, const double *a,
+                           const double *b, double A_log, double dt_bias, double scale, int use_qk_l2norm,
+                           double *out, int64_t out_token_stride, gdn__ref_token_hook after_token, void *user,
+                           double *updates)
+{
     double q_hat[256], k_hat[256];
     for (int32_t t = 0; t < T; t++) {
         const double g = gdn__ref_decay(a[t], A_log, dt_bias);
@@ -52,6 +62,7 @@ void gdn__ref_head(int32_t T, int32_t K, int32_t V, double *S, const double *q, 
                 Sk += S_row[c] * k_hat[c];
             }
             const double u = beta * (v_t[row] - Sk);
+            if (updates) updates[(int64_t)t * V + row] = u;
             double o = 0.0;
             for (int32_t c = 0; c < K; c++) {
                 S_row[c] += u * k_hat[c];
@@ -89,10 +100,10 @@ static void store_to_cache(void *user, int32_t t, const double *S)
 
 size_t gdn__ref_scratch_bytes(void)
 {
-    /* The state, q, k, v and o of up to GDN_MAX_TOKENS tokens, and room for one folded token's k and
-     * v past o (the replay strategy folds before o is used). */
+    /* The state, q, k, v, o and (ring) u of up to GDN_MAX_TOKENS tokens, and room for one folded
+     * token's k and v (replay) or one ring record's k^ and u (ring) past them. */
     const size_t max_dim = 256;
-    return sizeof(double) * (max_dim * max_dim + 4 * GDN_MAX_TOKENS * max_dim + 2 * max_dim);
+    return sizeof(double) * (max_dim * max_dim + 5 * GDN_MAX_TOKENS * max_dim + 2 * max_dim);
 }
 
 gdn_status gdn__ref_layer_step(const gdn__layer_params *p)
@@ -134,6 +145,61 @@ static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot
     }
 }
 
+/* Ring strategy: the bytes of record j of `slot`. */
+static char *ring_record(const gdn__layer_params *p, int64_t slot, int32_t j)
+{
+    const int64_t bytes = gdn__ring_record_bytes(p->HK, p->HV, p->K, p->V);
+    return (char *)p->ring + (size_t)((slot * p->ring_capacity + j) * bytes);
+}
+
+/* Ring strategy: applies record j of `slot` to value head h's state S [V, K]: S = g S + u k^T. */
+static void apply_ring_record(const gdn__layer_params *p, int64_t slot, int32_t j, int32_t h, int32_t kh, double *S,
+                              double *k_hat, double *u)
+{
+    const char *rec = ring_record(p, slot, j);
+    widen(rec, p->input_dtype, (int64_t)kh * p->K, p->K, u); /* u as scratch for the raw k */
+    normalise(u, p->K, 1.0, p->use_qk_l2norm, k_hat);
+    const double g = gdn__ref_decay(gdn__load_f32(rec + gdn__ring_a_offset(p->HK, p->K), p->input_dtype, h),
+                                    p->A_log[h], p->dt_bias[h]);
+    widen(rec + gdn__ring_u_offset(p->HK, p->HV, p->K), GDN_DTYPE_F32, (int64_t)h * p->V, p->V, u);
+    for (int32_t row = 0; row < p->V; row++)
+        for (int32_t c = 0; c < p->K; c++) S[(int64_t)row * p->K + c] = g * S[(int64_t)row * p->K + c] + u[row] * k_hat[c];
+}
+
+/* Ring strategy: records base..base+T-1 of `slot` get row i's T tokens' k and a as given. */
+static void store_ring_inputs(const gdn__layer_params *p, int32_t i, int64_t slot, int32_t base)
+{
+    const size_t esize = gdn_dtype_size(p->input_dtype);
+    const int64_t qk = (int64_t)p->HK * p->K;
+    for (int32_t t = 0; t < p->T; t++) {
+        const int64_t tok = (int64_t)i * p->T + t;
+        char *rec = ring_record(p, slot, base + t);
+        memcpy(rec, (const char *)p->k + (size_t)(tok * qk) * esize, (size_t)qk * esize);
+        memcpy(rec + gdn__ring_a_offset(p->HK, p->K), (const char *)p->a + (size_t)(tok * p->HV) * esize,
+               (size_t)p->HV * esize);
+    }
+}
+
+/* What the ring strategy does with row (r, w) holding h records, as gdn_kernel_params.h states it. */
+typedef struct ring_plan {
+    int32_t h;     /* records folded from slot r */
+    int flush;     /* the pool of w gets a state */
+    int32_t base;  /* first record the step's tokens take in slot w (when they are kept) */
+    int keep;      /* the step's tokens become records */
+} ring_plan;
+
+static ring_plan plan_ring_row(const gdn__layer_params *p, int64_t r, int64_t w)
+{
+    ring_plan plan;
+    int32_t h = p->ring_count[r];
+    plan.h = h < 0 ? 0 : (h > p->ring_capacity ? p->ring_capacity : h);
+    if (p->T == 0) plan.flush = plan.h > 0, plan.keep = 0;
+    else if (!p->replay_verify) plan.flush = r != w || plan.h + 1 >= p->ring_length, plan.keep = !plan.flush;
+    else plan.flush = r != w || plan.h + p->T > p->ring_capacity, plan.keep = 1;
+    plan.base = plan.flush ? 0 : plan.h;
+    return plan;
+}
+
 void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
 {
     const int32_t T = p->T, HK = p->HK, HV = p->HV, K = p->K, V = p->V;
@@ -145,6 +211,8 @@ void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
     double *k = q + (int64_t)T * K;
     double *v = k + (int64_t)T * K;
     double *o = v + (int64_t)T * V;
+    double *u = o + (int64_t)GDN_MAX_TOKENS * V; /* ring: the tokens' corrections [T, V] */
+    double *record_k = u + (int64_t)GDN_MAX_TOKENS * V, *record_u = record_k + 256;
     double a[GDN_MAX_TOKENS], b[GDN_MAX_TOKENS];
 
     for (int32_t i = 0; i < p->B; i++) {
@@ -153,6 +221,7 @@ void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
         const int out_of_range = r >= p->num_slots || w >= p->num_slots;
         if (out_of_range && p->error_flag) *p->error_flag = 1;
         const int padding = r < 0 || out_of_range;
+        const ring_plan plan = p->ring && !padding ? plan_ring_row(p, r, w) : (ring_plan){0, 0, 0, 0};
         for (int32_t h = 0; h < HV; h++) {
             const int64_t out_row = ((int64_t)i * T * HV + h) * V; /* token 0 of (i, h) */
             if (padding) {
@@ -171,6 +240,25 @@ void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
                 b[t] = gdn__load_f32(p->b, p->input_dtype, tok * HV + h);
             }
             widen(p->state, p->state_dtype, r * p->slot_stride + h * state_elems, state_elems, S);
+            if (p->ring) { /* ring: S_h, then the tokens (their corrections kept as records) */
+                for (int32_t j = 0; j < plan.h; j++) apply_ring_record(p, r, j, h, kh, S, record_k, record_u);
+                const int flush_first = plan.flush && (p->T == 0 || p->replay_verify);
+                if (flush_first) narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
+                if (T == 0) continue;
+                gdn__ref_head_updates(T, K, V, S, q, k, K, v, V, a, b, p->A_log[h], p->dt_bias[h], p->scale,
+                                      p->use_qk_l2norm, o, V, NULL, NULL, u);
+                for (int32_t t = 0; t < T; t++)
+                    for (int32_t c = 0; c < V; c++)
+                        gdn__store_f32(p->out, p->output_dtype, out_row + (int64_t)t * v_token + c,
+                                       (float)o[(int64_t)t * V + c]);
+                if (plan.flush && !flush_first) /* a decode that writes its state back */
+                    narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
+                if (plan.keep)
+                    for (int32_t t = 0; t < T; t++)
+                        narrow(ring_record(p, w, plan.base + t) + gdn__ring_u_offset(HK, HV, K), GDN_DTYPE_F32,
+                               (int64_t)h * V, V, u + (int64_t)t * V);
+                continue;
+            }
             if (p->token_store) { /* replay: fold the slot's accepted tokens first (their outputs unused) */
                 const int32_t n = p->pending[r];
                 /* o is free until the own tokens run; the scratch has room past it for k and v. */
@@ -197,6 +285,10 @@ void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
             if (p->replay_verify) store_row_tokens(p, i, w);
             p->pending[w] = 0;
         }
+        if (p->ring && !padding) { /* the row's bookkeeping, once every head has read slot r's records */
+            if (plan.keep) store_ring_inputs(p, i, w, plan.base);
+            p->ring_count[w] = p->replay_verify ? plan.base : (plan.keep ? plan.h + 1 : 0);
+        }
     }
 }
 
@@ -214,6 +306,10 @@ void gdn__ref_commit(const gdn__commit_params *p)
         }
         int32_t n = p->accepted[i];
         n = n < 0 ? 0 : (n > p->T ? p->T : n);
+        if (p->ring_count) { /* ring: the verify left each count at its records' base */
+            for (int32_t l = 0; l < p->num_layers; l++) p->ring_count[(int64_t)l * p->num_slots + w] += n;
+            continue;
+        }
         if (p->pending) { /* replay: the next kernel that touches the slot folds them */
             for (int32_t l = 0; l < p->num_layers; l++) p->pending[(int64_t)l * p->num_slots + w] = n;
             continue;

@@ -33,6 +33,14 @@ void gdn__ref_head(int32_t T, int32_t K, int32_t V, double *S, const double *q, 
                    const double *b, double A_log, double dt_bias, double scale, int use_qk_l2norm,
                    double *out, int64_t out_token_stride, gdn__ref_token_hook after_token, void *user);
 
+/* The same, also writing each token's correction u = beta (v - g S k^) into updates [T, V] when it is
+ * not NULL (the ring strategy keeps it). */
+void gdn__ref_head_updates(int32_t T, int32_t K, int32_t V, double *S, const double *q, const double *k,
+                           int64_t qk_token_stride, const double *v, int64_t v_token_stride, const double *a,
+                           const double *b, double A_log, double dt_bias, double scale, int use_qk_l2norm,
+                           double *out, int64_t out_token_stride, gdn__ref_token_hook after_token, void *user,
+                           double *updates);
+
 /* Bytes of scratch gdn__ref_layer_step_in needs for any supported shape (K, V <= 256). */
 size_t gdn__ref_scratch_bytes(void);
 

@@ -1,0 +1,459 @@
+/*
+ * The ring strategy's layer step (semantics: kernels/gdn_kernel_params.h, "Ring strategy"). A slot
+ * keeps a checkpoint S0 (the pool) and h records (k, a as given, and the token's fp32 correction u).
+ * With P_m the cumulative log decay through entry m (records 0..h-1, then the step's tokens),
+ *   S after entries 0..m = exp(P_m) S0 + sum_{j <= m} exp(P_m - P_j) u_j k^_j^T,
+ * so a token's S k^ and S q^ need only S0 k^ and S0 q^ (one pass over S0) and the scalars k^_j.k^,
+ * k^_j.q^ per record: a decode reads the state and does not write it.
+ *
+ * Why it looks like this. Per (row, value head) the state is V x K and everything else is about 1% of
+ * the bytes, so the kernel is the cache decode's memory pipeline (K-last rows split over lane groups
+ * with 16-byte loads, all of a thread's rows in flight before the first use) with the token work
+ * moved into a per-CTA preparation that overlaps those loads:
+ *   1. Issue the thread's state loads, read the row's record count h, copy the records' raw k (the
+ *      head's key head) and the CTA's rows of their u, and the step's raw k, q, into shared memory
+ *      (cp.async), all in one round trip after h.
+ *   2. Normalise every k and q (a warp each), prefix-sum the log decays, and form, per own token t and
+ *      entry m, the coefficients of u_m in S k^_t and S q^_t (a warp per dot product).
+ *   3. Per state row: S0.k^_t and S0.q^_t over the thread's slice, each lane adding its share of the
+ *      records' terms (record j goes to lane j mod L), one lane-group sum each; the own tokens'
+ *      terms, which need the corrections just computed, are added after the sum (O(T^2) a row).
+ *   4. A row whose ring is full (decode), that does not fit (verify), or whose write slot differs,
+ *      writes the state back: the thread's rows become exp(P) S0 + sum_j c_j u_j k^_j and are stored.
+ * The step's records are written beside: u by each CTA for its rows; k (per key head) and a (per
+ * value head) by one CTA each, or, when they overwrite records that other CTAs of the row still read
+ * (a verify that flushed in place), by the row's last CTA, which also writes the count.
+ *
+ * Template parameters: K, state S, input I, output O, REGS (state values a thread holds), ONE_TOKEN
+ * (decode: the token's correction stays in registers for the write-back; a verify keeps its tokens'
+ * corrections in shared memory and uses 16 elements a lane, fewer shuffle levels per sum).
+ */
+#include "cuda_common.cuh"
+#include "gdn_cuda.h"
+#include "gdn_cuda_rows.cuh"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Shared memory                                                                                    */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* A CTA's shared memory for E = h + T entries (records, then own tokens; at most capacity + T), T own
+ * tokens and `rows` state rows. fp32 parts first, then the raw 2-byte k and q rows (16-byte aligned). */
+struct ring_shared {
+    float *khat;     /* [E][K] normalised k of every entry */
+    float *qhat;     /* [T][K] normalised, scaled q of the own tokens */
+    float *urec;     /* [capacity][rows] the records' u of the CTA's rows */
+    float *vown;     /* [T][rows] the own tokens' v of the CTA's rows */
+    float *uown;     /* [T][rows] the own tokens' u (verify) */
+    float *logd;     /* [E] cumulative log decay P_m */
+    float *flushc;   /* [E + 1] write-back coefficients exp(P_last - P_m); [E]: exp(P_last) */
+    float *gown;     /* [T] own decays */
+    float *beta;     /* [T] */
+    float *ck;       /* [T][E] coefficient of u_m in S k^_t (m < h + t) */
+    float *cq;       /* [T][E] coefficient of u_m in S q^_t (m <= h + t) */
+    float *c0;       /* [2 T] exp(P_{h+t-1}), exp(P_{h+t}): coefficients of S0.k^_t, S0.q^_t */
+    uint16_t *raw;   /* [E + T][K] raw k of every entry, then raw q of the own tokens */
+
+    static __host__ __device__ size_t floats(int K, int capacity, int T, int rows)
+    {
+        const size_t E = (size_t)capacity + T;
+        const size_t f = E * K + (size_t)T * K + (size_t)capacity * rows + 2 * (size_t)T * rows + E + (E + 1) +
+                         2 * (size_t)T + 2 * (size_t)T * E + 2 * (size_t)T;
+        return (f + 3) / 4 * 4;
+    }
+    static __host__ __device__ size_t bytes(int K, int capacity, int T, int rows)
+    {
+        return floats(K, capacity, T, rows) * sizeof(float) + ((size_t)capacity + 2 * (size_t)T) * K * 2;
+    }
+    __device__ ring_shared(float *base, int K, int capacity, int T, int rows)
+    {
+        const int E = capacity + T;
+        khat = base;
+        qhat = khat + (size_t)E * K;
+        urec = qhat + (size_t)T * K;
+        vown = urec + (size_t)capacity * rows;
+        uown = vown + (size_t)T * rows;
+        logd = uown + (size_t)T * rows;
+        flushc = logd + E;
+        gown = flushc + E + 1;
+        beta = gown + T;
+        ck = beta + T;
+        cq = ck + (size_t)T * E;
+        c0 = cq + (size_t)T * E;
+        raw = reinterpret_cast<uint16_t *>(base + floats(K, capacity, T, rows));
+    }
+};
+
+/* Normalises raw 2-byte row `src` (K values) into fp32 `dst`, times `factor` (one warp). */
+template <int K, typename I>
+__device__ __forceinline__ void normalise_row(const uint16_t *src, float *dst, float factor, bool l2norm, int lane)
+{
+    constexpr int KPL = K / 32;
+    float x[KPL], sum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < KPL; e++) {
+        x[e] = gdn__to_f32(reinterpret_cast<const I *>(src)[lane * KPL + e]);
+        sum = fmaf(x[e], x[e], sum);
+    }
+    sum = group_sum<32>(sum);
+    const float scale = factor * (l2norm ? rsqrtf(sum + 1e-6f) : 1.0f);
+#pragma unroll
+    for (int e = 0; e < KPL; e++) dst[lane * KPL + e] = x[e] * scale;
+}
+
+/* Dot product of two fp32 rows of K values (one warp; every lane gets the sum). */
+template <int K> __device__ __forceinline__ float warp_dot(const float *x, const float *y, int lane)
+{
+    float sum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < K / 32; e++) sum = fmaf(x[lane + 32 * e], y[lane + 32 * e], sum);
+    return group_sum<32>(sum);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Kernel                                                                                           */
+/* ---------------------------------------------------------------------------------------------- */
+
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN>
+__global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : (ONE_TOKEN && sizeof(S) == 4 && REGS >= 32 ? 1 : 6)))
+    ring_step_kernel(const gdn__layer_params p)
+{
+    using Geo = layer_geometry<K, S, REGS, !ONE_TOKEN>;
+    constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT;
+    static_assert(sizeof(I) == 2, "2-byte inputs");
+    extern __shared__ __align__(16) float smem[];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int group = lane / L, glane = lane % L;
+    const int V = p.V, HV = p.HV, HK = p.HK, C = p.ring_capacity;
+    const int T = ONE_TOKEN ? min(p.T, 1) : p.T; /* the one-token instance also runs write-backs (T = 0) */
+    const int cta_rows = warps * Geo::ROWS_PER_WARP;
+    const int tiles_per_head = V / cta_rows;
+    const int head = blockIdx.x / tiles_per_head, tile = blockIdx.x % tiles_per_head;
+    const int64_t i = blockIdx.y;
+    const int tile_row0 = tile * cta_rows;
+    const int local_row0 = warp * Geo::ROWS_PER_WARP + group; /* row of rt = 0 within the CTA */
+    const int row0 = tile_row0 + local_row0;
+
+    const int64_t r = p.read_slots[i];
+    const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
+    const bool out_of_range = r >= p.num_slots || w >= p.num_slots;
+    O *out = static_cast<O *>(p.out);
+    const int64_t out_token_stride = (int64_t)HV * V, out_base = (i * T * HV + head) * V;
+    if (r < 0 || out_of_range) {
+        if (out_of_range && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
+        if (glane == 0)
+            for (int t = 0; t < T; t++)
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) out[out_base + t * out_token_stride + row0 + rt * G] = gdn__from_f32<O>(0.0f);
+        return;
+    }
+
+    /* 1. The state rows in flight first; then the count, and what depends on it. */
+    const int64_t state_elems = (int64_t)V * K;
+    const S *src = static_cast<const S *>(p.state) + r * p.slot_stride + head * state_elems;
+    float st[RT][NV][EV];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int n = 0; n < NV; n++)
+            gdn__load_vec_stream<S, EV>(src + (int64_t)(row0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
+
+    const int h = min(max(p.ring_count[r], 0), C);
+    const bool verify = p.replay_verify && T > 0;
+    bool flush, keep;
+    if (T == 0) flush = h > 0, keep = false;
+    else if (!verify) flush = r != w || h + 1 >= p.ring_length, keep = !flush;
+    else flush = r != w || h + T > C, keep = true;
+    const int base = flush ? 0 : h;
+    if (T == 0 && !flush) return; /* nothing recorded: nothing to write back */
+
+    const int E = h + T, kh = head / (HV / HK);
+    ring_shared s(smem, K, C, T, cta_rows);
+    const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, V);
+    const int64_t u_offset = gdn__ring_u_offset(HK, HV, K), a_offset = gdn__ring_a_offset(HK, K);
+    const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
+    char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
+    {
+        constexpr int CHUNKS = K * 2 / 16; /* 16-byte pieces of a raw k or q row */
+        for (int c = threadIdx.x; c < (h + 2 * T) * CHUNKS; c += blockDim.x) {
+            const int m = c / CHUNKS, piece = c % CHUNKS;
+            const void *from;
+            if (m < h) from = ring_r + m * record_bytes + (int64_t)kh * K * 2;
+            else if (m < E) from = static_cast<const I *>(p.k) + ((i * T + (m - h)) * HK + kh) * K;
+            else from = static_cast<const I *>(p.q) + ((i * T + (m - E)) * HK + kh) * K;
+            gdn__copy_async16(s.raw + (size_t)m * K + piece * 8, static_cast<const char *>(from) + piece * 16);
+        }
+        const bool u16 = cta_rows % 4 == 0; /* the rows' u in 16-byte pieces, else 4-byte */
+        const int per_record = u16 ? cta_rows / 4 : cta_rows;
+        for (int c = threadIdx.x; c < h * per_record; c += blockDim.x) {
+            const int j = c / per_record, piece = c % per_record;
+            const float *from = reinterpret_cast<const float *>(ring_r + j * record_bytes + u_offset) +
+                                (int64_t)head * V + tile_row0;
+            if (u16) gdn__copy_async16(s.urec + (size_t)j * cta_rows + piece * 4, from + piece * 4);
+            else gdn__copy_async4(s.urec + (size_t)j * cta_rows + piece, from + piece);
+        }
+        gdn__copy_async_commit();
+    }
+    const float A = expf(p.A_log[head]), dt_bias = p.dt_bias[head];
+    for (int m = threadIdx.x; m < E; m += blockDim.x) { /* log decays (raw cumulative sums below) */
+        const I *a_at = m < h ? reinterpret_cast<const I *>(ring_r + m * record_bytes + a_offset) + head
+                              : static_cast<const I *>(p.a) + (i * T + (m - h)) * HV + head;
+        const float l = token_log_decay(gdn__to_f32(*a_at), A, dt_bias);
+        s.logd[m] = l;
+        if (m >= h) {
+            s.gown[m - h] = expf(l);
+            s.beta[m - h] = 1.0f / (1.0f + expf(-gdn__to_f32(static_cast<const I *>(p.b)[(i * T + (m - h)) * HV + head])));
+        }
+    }
+    for (int e = threadIdx.x; e < T * cta_rows; e += blockDim.x) {
+        const int t = e / cta_rows, row = e % cta_rows;
+        s.vown[e] = gdn__to_f32(static_cast<const I *>(p.v)[((i * T + t) * HV + head) * V + tile_row0 + row]);
+    }
+    gdn__copy_async_wait_all();
+    __syncthreads();
+
+    /* 2. Normalised rows, cumulative decays, coefficients. */
+    for (int item = warp; item < E + T; item += warps) {
+        if (item < E) normalise_row<K, I>(s.raw + (size_t)item * K, s.khat + (size_t)item * K, 1.0f, p.use_qk_l2norm, lane);
+        else normalise_row<K, I>(s.raw + (size_t)item * K, s.qhat + (size_t)(item - E) * K, p.scale, p.use_qk_l2norm, lane);
+    }
+    if (threadIdx.x == 0) {
+        float P = 0.0f;
+        for (int m = 0; m < E; m++) P += s.logd[m], s.logd[m] = P;
+    }
+    __syncthreads();
+    /* The last entry a write-back includes: h - 1 before the own tokens (verify, flush), h with the
+     * decode's own token. */
+    const int flushed = !verify && T == 1 ? h + 1 : h;
+    if (flush) {
+        const float last = flushed > 0 ? s.logd[flushed - 1] : 0.0f;
+        for (int m = threadIdx.x; m <= flushed; m += blockDim.x)
+            s.flushc[m] = m < flushed ? expf(last - s.logd[m]) : expf(last);
+    }
+    if ((int)threadIdx.x < T) {
+        const int t = threadIdx.x;
+        s.c0[2 * t] = h + t > 0 ? expf(s.logd[h + t - 1]) : 1.0f;
+        s.c0[2 * t + 1] = expf(s.logd[h + t]);
+    }
+    for (int t = 0; t < T; t++) {
+        const float before = h + t > 0 ? s.logd[h + t - 1] : 0.0f, after = s.logd[h + t];
+        for (int m = warp; m <= h + t; m += warps) {
+            const float dq = warp_dot<K>(s.khat + (size_t)m * K, s.qhat + (size_t)t * K, lane);
+            const float dk = m < h + t ? warp_dot<K>(s.khat + (size_t)m * K, s.khat + (size_t)(h + t) * K, lane) : 0.0f;
+            if (lane == 0) {
+                s.cq[t * E + m] = expf(after - s.logd[m]) * dq;
+                s.ck[t * E + m] = m < h + t ? expf(before - s.logd[m]) * dk : 0.0f;
+            }
+        }
+    }
+    __syncthreads();
+
+    /* Every read of slot r's count and records is done: count this CTA in (the last one does the
+     * row's bookkeeping at its end). */
+    unsigned arrival = 0;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        arrival = atomicAdd(&p.arrivals[i], 1u);
+    }
+
+    /* 3. The own tokens, row by row. */
+    float u_last[RT]; /* decode: the token's correction, for the write-back */
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) u_last[rt] = 0.0f;
+    float *u_records = reinterpret_cast<float *>(ring_w + u_offset) + (int64_t)head * V;
+    for (int t = 0; t < T; t++) {
+        float kx[NV][EV], qx[NV][EV];
+#pragma unroll
+        for (int n = 0; n < NV; n++)
+#pragma unroll
+            for (int e = 0; e < EV; e += 4) {
+                const int at = (n * L + glane) * EV + e;
+                *reinterpret_cast<float4 *>(&kx[n][e]) = *reinterpret_cast<const float4 *>(s.khat + (size_t)(h + t) * K + at);
+                *reinterpret_cast<float4 *>(&qx[n][e]) = *reinterpret_cast<const float4 *>(s.qhat + (size_t)t * K + at);
+            }
+        const float c0k = s.c0[2 * t], c0q = s.c0[2 * t + 1];
+        float dk[RT], dq[RT];
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+            float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NV; n++)
+#pragma unroll
+                for (int e = 0; e < EV; e++) {
+                    a0 = fmaf(st[rt][n][e], kx[n][e], a0);
+                    a1 = fmaf(st[rt][n][e], qx[n][e], a1);
+                }
+            a0 *= c0k, a1 *= c0q;
+            const int local = local_row0 + rt * G;
+            for (int j = glane; j < h; j += L) {
+                const float u = s.urec[(size_t)j * cta_rows + local];
+                a0 = fmaf(s.ck[t * E + j], u, a0);
+                a1 = fmaf(s.cq[t * E + j], u, a1);
+            }
+            dk[rt] = a0, dq[rt] = a1;
+        }
+#pragma unroll
+        for (int off = L / 2; off > 0; off >>= 1)
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                dk[rt] += __shfl_xor_sync(0xffffffffu, dk[rt], off);
+                dq[rt] += __shfl_xor_sync(0xffffffffu, dq[rt], off);
+            }
+        const float g = s.gown[t], beta = s.beta[t];
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+            const int local = local_row0 + rt * G;
+            float sk = dk[rt], sq = dq[rt];
+            for (int t2 = 0; t2 < t; t2++) { /* own earlier tokens (verify) */
+                const float u2 = s.uown[(size_t)t2 * cta_rows + local];
+                sk = fmaf(s.ck[t * E + h + t2], u2, sk);
+                sq = fmaf(s.cq[t * E + h + t2], u2, sq);
+            }
+            const float u = beta * (s.vown[(size_t)t * cta_rows + local] - g * sk);
+            const float o = fmaf(s.cq[t * E + h + t], u, sq);
+            u_last[rt] = u;
+            if (glane == 0) {
+                out[out_base + t * out_token_stride + tile_row0 + local] = gdn__from_f32<O>(o);
+                if (keep) u_records[(base + t) * record_bytes / 4 + tile_row0 + local] = u;
+                if (!ONE_TOKEN) s.uown[(size_t)t * cta_rows + local] = u;
+            }
+        }
+        if (!ONE_TOKEN) __syncwarp();
+    }
+
+    /* 4. Write-back: exp(P_last) S0 + sum_m exp(P_last - P_m) u_m k^_m over the flushed entries. */
+    if (flush) {
+        const float f0 = s.flushc[flushed];
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int n = 0; n < NV; n++)
+#pragma unroll
+                for (int e = 0; e < EV; e++) st[rt][n][e] *= f0;
+        for (int m = 0; m < flushed; m++) {
+            float kx[NV][EV];
+#pragma unroll
+            for (int n = 0; n < NV; n++)
+#pragma unroll
+                for (int e = 0; e < EV; e += 4)
+                    *reinterpret_cast<float4 *>(&kx[n][e]) =
+                        *reinterpret_cast<const float4 *>(s.khat + (size_t)m * K + (n * L + glane) * EV + e);
+            const float fm = s.flushc[m];
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                const float u = m < h ? s.urec[(size_t)m * cta_rows + local_row0 + rt * G] : u_last[rt];
+                const float c = fm * u;
+#pragma unroll
+                for (int n = 0; n < NV; n++)
+#pragma unroll
+                    for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(c, kx[n][e], st[rt][n][e]);
+            }
+        }
+        store_rows<K, S, Geo, false>(static_cast<S *>(p.state) + w * p.slot_stride + head * state_elems, st, 1.0f, row0,
+                                     glane);
+    }
+
+    /* The step's k (per key head) and a (per value head) become records base..base+T-1 of slot w:
+     * written here by one CTA each unless they overwrite records that other CTAs of the row may still
+     * read (a verify that wrote back in place), which the row's last CTA then writes. */
+    const bool overwrites_read_records = keep && r == w && base < h;
+    if (keep && !overwrites_read_records && tile == 0) {
+        constexpr int CHUNKS = K * 2 / 16;
+        if (head % (HV / HK) == 0)
+            for (int c = threadIdx.x; c < T * CHUNKS; c += blockDim.x) {
+                const int t = c / CHUNKS, piece = c % CHUNKS;
+                reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes + (int64_t)kh * K * 2)[piece] =
+                    reinterpret_cast<const uint4 *>(s.raw + (size_t)(h + t) * K)[piece];
+            }
+        for (int t = threadIdx.x; t < T; t += blockDim.x)
+            reinterpret_cast<I *>(ring_w + (base + t) * record_bytes + a_offset)[head] =
+                static_cast<const I *>(p.a)[(i * T + t) * HV + head];
+    }
+
+    __shared__ int last_cta;
+    if (threadIdx.x == 0) last_cta = arrival == gridDim.x - 1;
+    __syncthreads();
+    if (!last_cta) return;
+    if (overwrites_read_records) {
+        const int64_t qk_pieces = (int64_t)HK * K * 2 / 16;
+        const uint4 *k_in = reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + i * T * HK * K);
+        for (int64_t c = threadIdx.x; c < T * qk_pieces; c += blockDim.x)
+            reinterpret_cast<uint4 *>(ring_w + (base + c / qk_pieces) * record_bytes)[c % qk_pieces] = k_in[c];
+        for (int64_t c = threadIdx.x; c < (int64_t)T * HV; c += blockDim.x)
+            reinterpret_cast<I *>(ring_w + (base + c / HV) * record_bytes + a_offset)[c % HV] =
+                static_cast<const I *>(p.a)[i * T * HV + c];
+    }
+    if (threadIdx.x == 0) {
+        p.ring_count[w] = verify ? base : (keep ? h + 1 : 0);
+        p.arrivals[i] = 0;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Launcher                                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* CTAs below which a launch uses fewer warps per CTA (more, smaller CTAs) to reach more SMs. */
+#define GDN__RING_SMALL_GRID_CTAS 1024
+
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN>
+static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
+{
+    using Geo = layer_geometry<K, S, REGS, !ONE_TOKEN>;
+    int warps = 4;
+    while (warps > 1 && (p->V % (warps * Geo::ROWS_PER_WARP) != 0 ||
+                         (int64_t)p->B * p->HV * (p->V / (warps * Geo::ROWS_PER_WARP)) < GDN__RING_SMALL_GRID_CTAS))
+        warps /= 2;
+    if (p->V % (warps * Geo::ROWS_PER_WARP) != 0) return GDN_ENOTSUP;
+    const int cta_rows = warps * Geo::ROWS_PER_WARP;
+    const dim3 grid((unsigned)(p->HV * (p->V / cta_rows)), (unsigned)p->B);
+    const int T = ONE_TOKEN ? 1 : p->T;
+    const size_t smem = ring_shared::bytes(K, p->ring_capacity, T, cta_rows);
+    auto kernel = ring_step_kernel<K, S, I, O, REGS, ONE_TOKEN>;
+    if (smem > 48 * 1024) { /* long rings with K = 256: opt in once per instance, up to the largest case */
+        static const cudaError_t opt_in =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)ring_shared::bytes(K, GDN_MAX_RING_LENGTH, ONE_TOKEN ? 1 : GDN_MAX_TOKENS,
+                                                         4 * Geo::ROWS_PER_WARP));
+        GDN__CUDA_TRY(opt_in);
+    }
+    kernel<<<grid, warps * 32, smem, stream>>>(*p);
+    GDN__CUDA_TRY(cudaGetLastError());
+    return GDN_OK;
+}
+
+/* Large grids: more state per thread (more bytes in flight per SM); small grids: less, so that the
+ * work spreads over more warps and SMs (as the cache strategy's launcher). */
+template <int K, typename S, typename I, typename O, bool ONE_TOKEN>
+static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
+{
+    constexpr int BIG = big_regs<S>();
+    using Big = layer_geometry<K, S, BIG, !ONE_TOKEN>;
+    using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, !ONE_TOKEN>;
+    const int64_t big_warps = (int64_t)p->B * p->HV * (p->V / Big::ROWS_PER_WARP);
+    const int64_t small_warps = (int64_t)p->B * p->HV * (p->V / Small::ROWS_PER_WARP);
+    if (big_warps >= 4 * GDN__RING_SMALL_GRID_CTAS) return launch_regs<K, S, I, O, BIG, ONE_TOKEN>(p, stream);
+    if (ONE_TOKEN && small_warps < 2 * GDN__RING_SMALL_GRID_CTAS)
+        return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN>(p, stream);
+    return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN>(p, stream);
+}
+
+template <int K, typename S, typename I, typename O>
+static gdn_status launch(const gdn__layer_params *p, cudaStream_t stream)
+{
+    /* A decode and a write-back (T = 0) run the one-token instance. */
+    return p->T <= 1 && !(p->replay_verify && p->T == 1) ? launch_tokens<K, S, I, O, true>(p, stream)
+                                                          : launch_tokens<K, S, I, O, false>(p, stream);
+}
+
+static gdn_status dispatch(const gdn__layer_params *p, cudaStream_t stream, bool run)
+{
+    GDN__LAYER_DISPATCH(launch)
+}
+
+extern "C" gdn_status gdn__cuda_ring_step(const gdn__layer_params *p, void *stream)
+{
+    return dispatch(p, static_cast<cudaStream_t>(stream), true);
+}
+
+extern "C" gdn_status gdn__cuda_ring_step_supported(const gdn__layer_params *p) { return dispatch(p, nullptr, false); }

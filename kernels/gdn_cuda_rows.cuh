@@ -1,0 +1,121 @@
+/*
+ * What the CUDA layer kernels share (gdn_cuda_layer.cu: cache and replay strategies; gdn_cuda_ring.cu:
+ * the ring strategy): how a head's state rows are split over threads, lane-group sums, the per-token
+ * gates of SPEC 1, and the store of a thread's rows.
+ */
+#ifndef GDN_CUDA_ROWS_CUH
+#define GDN_CUDA_ROWS_CUH
+
+#include "cuda_common.cuh"
+#include "gdn_kernel_params.h"
+
+/* Tuning knobs (fixed after measurement; overridable for experiments): state values per thread for
+ * large grids and for small grids (B = 1 needs many small CTAs), and the minimum resident CTAs per SM
+ * given to __launch_bounds__. */
+#ifndef GDN__STATE_REGS_SMALL
+#define GDN__STATE_REGS_SMALL 16
+#endif
+#ifndef GDN__STATE_REGS_TINY
+#define GDN__STATE_REGS_TINY 8
+#endif
+
+/* State values per thread on large grids. bf16 state holds 64 (16-byte loads carry 8 values, so 32
+ * would leave too few bytes in flight per SM); fp32 holds 32. */
+template <typename S> constexpr int big_regs() { return sizeof(S) == 2 ? 64 : 32; }
+/* (The replay instances too: 32 bf16 values per thread, more warps for the token loop, was measured
+ * slower on the H100, 2026-11-22.) */
+
+/* SHARED (tokens prepared once per CTA in shared memory, see below): a thread holds 16 elements of
+ * a row (EPT), so that a row's dot product needs only log2(K / 16) shuffle levels; otherwise a row is
+ * split into 16-byte vectors over up to 32 lanes, the widest coalesced access. */
+template <int K, typename S, int REGS, bool SHARED> struct layer_geometry {
+    static constexpr int EV = gdn__vec16<S>::elems;          /* state elements per 16-byte vector */
+    static constexpr int VEC_PER_ROW = K / EV;               /* 16-byte vectors in one state row */
+    static constexpr int L = SHARED ? K / (REGS < 16 ? REGS : 16) : (VEC_PER_ROW < 32 ? VEC_PER_ROW : 32);
+    static constexpr int NV = VEC_PER_ROW / L;               /* vectors per lane per row */
+    static constexpr int EPT = NV * EV;                      /* elements of one row a thread holds */
+    static constexpr int G = 32 / L;                         /* rows a warp covers at once */
+    static constexpr int RT = REGS / EPT > 0 ? REGS / EPT : 1; /* rows per thread */
+    static constexpr int ROWS_PER_WARP = RT * G;
+    static_assert(K % EV == 0 && NV >= 1 && VEC_PER_ROW % L == 0 && 32 % L == 0, "row split");
+    static_assert(64 % ROWS_PER_WARP == 0, "a warp tile must divide every V (64, 128, 256)");
+};
+
+/* Sum over the L lanes of a lane group (L a power of two <= 32). A butterfly: every lane of the
+ * group ends with the same, bit-identical, sum. */
+template <int L> __device__ __forceinline__ float group_sum(float x)
+{
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+    return x;
+}
+
+/* The per-token scalars of SPEC 1, in one place for both staging paths: the decay g = exp(-A
+ * softplus(a + dt_bias)) (its log, for the ring strategy's cumulative decays) and beta = sigmoid(b); and
+ * the scales that normalise k and q. */
+__device__ __forceinline__ float token_log_decay(float a, float A, float dt_bias)
+{
+    const float x = a + dt_bias;
+    const float sp = x <= 20.0f ? log1pf(expf(x)) : x;
+    return -A * sp;
+}
+__device__ __forceinline__ void token_gate(float a, float b, float A, float dt_bias, float &g, float &beta)
+{
+    g = expf(token_log_decay(a, A, dt_bias));
+    beta = 1.0f / (1.0f + expf(-b));
+}
+__device__ __forceinline__ void norm_scales(const gdn__layer_params &p, float kk, float qq, float &rk, float &rq)
+{
+    rk = p.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.0f;
+    rq = p.scale * (p.use_qk_l2norm ? rsqrtf(qq + 1e-6f) : 1.0f);
+}
+
+/* Stores the thread's state rows (times `decay` when DECAY_OUTSIDE), rounded once to S, into a
+ * head's [V, K] block at dst. */
+template <int K, typename S, typename Geo, bool DECAY_OUTSIDE>
+__device__ __forceinline__ void store_rows(S *dst, const float (&st)[Geo::RT][Geo::NV][Geo::EV], float decay, int row0,
+                                           int glane)
+{
+#pragma unroll
+    for (int rt = 0; rt < Geo::RT; rt++)
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++) {
+            S *at = dst + (int64_t)(row0 + rt * Geo::G) * K + (n * Geo::L + glane) * Geo::EV;
+            if constexpr (DECAY_OUTSIDE) {
+                float x[Geo::EV];
+#pragma unroll
+                for (int e = 0; e < Geo::EV; e++) x[e] = st[rt][n][e] * decay;
+                gdn__store_vec<S, Geo::EV>(at, x);
+            } else {
+                gdn__store_vec<S, Geo::EV>(at, st[rt][n]);
+            }
+        }
+}
+
+/* One switch from runtime (K, state, input, output) to template instances, for each kernel family's
+ * launcher LAUNCH<K, S, I, O>(p, stream); a combination not listed is GDN_ENOTSUP. */
+#define GDN__LAYER_KEY(K, s, in, out) (((K) << 8) | ((s) << 4) | ((in) << 2) | (out))
+#define GDN__LAYER_CASE(LAUNCH, K, s, S, in, I, out, O)                                            \
+    case GDN__LAYER_KEY(K, GDN_DTYPE_##s, GDN_DTYPE_##in, GDN_DTYPE_##out):                        \
+        return run ? LAUNCH<K, S, I, O>(p, stream) : GDN_OK;
+#define GDN__LAYER_CASES_K(LAUNCH, K)                                                              \
+    GDN__LAYER_CASE(LAUNCH, K, F32, float, BF16, __nv_bfloat16, BF16, __nv_bfloat16)               \
+    GDN__LAYER_CASE(LAUNCH, K, F32, float, BF16, __nv_bfloat16, F32, float)                        \
+    GDN__LAYER_CASE(LAUNCH, K, F32, float, F16, __half, BF16, __nv_bfloat16)                       \
+    GDN__LAYER_CASE(LAUNCH, K, F32, float, F16, __half, F32, float)                                \
+    GDN__LAYER_CASE(LAUNCH, K, BF16, __nv_bfloat16, BF16, __nv_bfloat16, BF16, __nv_bfloat16)      \
+    GDN__LAYER_CASE(LAUNCH, K, BF16, __nv_bfloat16, BF16, __nv_bfloat16, F32, float)               \
+    GDN__LAYER_CASE(LAUNCH, K, BF16, __nv_bfloat16, F16, __half, BF16, __nv_bfloat16)              \
+    GDN__LAYER_CASE(LAUNCH, K, BF16, __nv_bfloat16, F16, __half, F32, float)
+/* The body of a dispatch function over `p`, `stream` and `run` (false: only check the case exists). */
+#define GDN__LAYER_DISPATCH(LAUNCH)                                                                \
+    if ((unsigned)p->state_dtype > 3u || (unsigned)p->input_dtype > 3u || (unsigned)p->output_dtype > 3u) \
+        return GDN_ENOTSUP;                                                                        \
+    switch (GDN__LAYER_KEY(p->K, (int)p->state_dtype, (int)p->input_dtype, (int)p->output_dtype)) { \
+        GDN__LAYER_CASES_K(LAUNCH, 64)                                                             \
+        GDN__LAYER_CASES_K(LAUNCH, 128)                                                            \
+        GDN__LAYER_CASES_K(LAUNCH, 256)                                                            \
+    default: return GDN_ENOTSUP;                                                               \
+    }
+
+#endif /* GDN_CUDA_ROWS_CUH */
