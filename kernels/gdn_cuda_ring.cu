@@ -10,9 +10,10 @@
  * the bytes, so the kernel is the cache decode's memory pipeline (K-last rows split over lane groups
  * with 16-byte loads, all of a thread's rows in flight before the first use) with the token work
  * moved into a per-CTA preparation that overlaps those loads:
- *   1. Issue the thread's state loads, read the row's record count h, copy the records' raw k (the
- *      head's key head) and the CTA's rows of their u, and the step's raw k, q, into shared memory
- *      (cp.async), all in one round trip after h.
+ *   1. Issue the thread's state loads and the copies of the step's raw k, q (cp.async into shared
+ *      memory), then read the row's record count h and copy the records' raw k (the head's key
+ *      head) and the CTA's rows of their u: one round trip after h. At most 128 registers a
+ *      thread (the unbounded fp32 decode instance took 194, two CTAs an SM: too few bytes in flight).
  *   2. Normalise every k and q (a warp each), prefix-sum the log decays, and form, per own token t and
  *      entry m, the coefficients of u_m in S k^_t and S q^_t (a warp per dot product).
  *   3. Per state row: S0.k^_t and S0.q^_t over the thread's slice, each lane adding its share of the
@@ -51,7 +52,7 @@ struct ring_shared {
     float *ck;       /* [T][E] coefficient of u_m in S k^_t (m < h + t) */
     float *cq;       /* [T][E] coefficient of u_m in S q^_t (m <= h + t) */
     float *c0;       /* [2 T] exp(P_{h+t-1}), exp(P_{h+t}): coefficients of S0.k^_t, S0.q^_t */
-    uint16_t *raw;   /* [E + T][K] raw k of every entry, then raw q of the own tokens */
+    uint16_t *raw;   /* [capacity + 2 T][K] raw k of the records (rows 0..h-1), own k (capacity..), own q */
 
     static __host__ __device__ size_t floats(int K, int capacity, int T, int rows)
     {
@@ -114,7 +115,7 @@ template <int K> __device__ __forceinline__ float warp_dot(const float *x, const
 /* ---------------------------------------------------------------------------------------------- */
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN>
-__global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : (ONE_TOKEN && sizeof(S) == 4 && REGS >= 32 ? 1 : 6)))
+__global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
     ring_step_kernel(const gdn__layer_params p)
 {
     using Geo = layer_geometry<K, S, REGS, !ONE_TOKEN>;
@@ -158,6 +159,22 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : (ONE_TOKEN && sizeof(S)
         for (int n = 0; n < NV; n++)
             gdn__load_vec_stream<S, EV>(src + (int64_t)(row0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
 
+    /* The step's own k and q (raw rows C.. and C + T..; records take rows 0..h-1) and gate inputs do
+     * not depend on the ring: in flight before its count is read. */
+    const int kh = head / (HV / HK);
+    ring_shared s(smem, K, C, T, cta_rows);
+    constexpr int CHUNKS = K * 2 / 16; /* 16-byte pieces of a raw k or q row */
+    for (int c = threadIdx.x; c < 2 * T * CHUNKS; c += blockDim.x) {
+        const int m = c / CHUNKS, piece = c % CHUNKS, t = m % T;
+        const I *from = static_cast<const I *>(m < T ? p.k : p.q) + ((i * T + t) * HK + kh) * K;
+        gdn__copy_async16(s.raw + (size_t)(C + m) * K + piece * 8, reinterpret_cast<const char *>(from) + piece * 16);
+    }
+    float own_a = 0.0f, own_b = 0.0f;
+    if ((int)threadIdx.x < T) {
+        own_a = gdn__to_f32(static_cast<const I *>(p.a)[(i * T + threadIdx.x) * HV + head]);
+        own_b = gdn__to_f32(static_cast<const I *>(p.b)[(i * T + threadIdx.x) * HV + head]);
+    }
+
     const int h = min(max(p.ring_count[r], 0), C);
     const bool verify = p.replay_verify && T > 0;
     bool flush, keep;
@@ -165,23 +182,17 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : (ONE_TOKEN && sizeof(S)
     else if (!verify) flush = r != w || h + 1 >= p.ring_length, keep = !flush;
     else flush = r != w || h + T > C, keep = true;
     const int base = flush ? 0 : h;
-    if (T == 0 && !flush) return; /* nothing recorded: nothing to write back */
+    if (T == 0 && !flush) return; /* nothing recorded: nothing to write back (and nothing in flight) */
 
-    const int E = h + T, kh = head / (HV / HK);
-    ring_shared s(smem, K, C, T, cta_rows);
+    const int E = h + T;
     const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, V);
     const int64_t u_offset = gdn__ring_u_offset(HK, HV, K), a_offset = gdn__ring_a_offset(HK, K);
     const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
     char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
     {
-        constexpr int CHUNKS = K * 2 / 16; /* 16-byte pieces of a raw k or q row */
-        for (int c = threadIdx.x; c < (h + 2 * T) * CHUNKS; c += blockDim.x) {
+        for (int c = threadIdx.x; c < h * CHUNKS; c += blockDim.x) {
             const int m = c / CHUNKS, piece = c % CHUNKS;
-            const void *from;
-            if (m < h) from = ring_r + m * record_bytes + (int64_t)kh * K * 2;
-            else if (m < E) from = static_cast<const I *>(p.k) + ((i * T + (m - h)) * HK + kh) * K;
-            else from = static_cast<const I *>(p.q) + ((i * T + (m - E)) * HK + kh) * K;
-            gdn__copy_async16(s.raw + (size_t)m * K + piece * 8, static_cast<const char *>(from) + piece * 16);
+            gdn__copy_async16(s.raw + (size_t)m * K + piece * 8, ring_r + m * record_bytes + (int64_t)kh * K * 2 + piece * 16);
         }
         const bool u16 = cta_rows % 4 == 0; /* the rows' u in 16-byte pieces, else 4-byte */
         const int per_record = u16 ? cta_rows / 4 : cta_rows;
@@ -195,15 +206,14 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : (ONE_TOKEN && sizeof(S)
         gdn__copy_async_commit();
     }
     const float A = expf(p.A_log[head]), dt_bias = p.dt_bias[head];
-    for (int m = threadIdx.x; m < E; m += blockDim.x) { /* log decays (raw cumulative sums below) */
-        const I *a_at = m < h ? reinterpret_cast<const I *>(ring_r + m * record_bytes + a_offset) + head
-                              : static_cast<const I *>(p.a) + (i * T + (m - h)) * HV + head;
-        const float l = token_log_decay(gdn__to_f32(*a_at), A, dt_bias);
-        s.logd[m] = l;
-        if (m >= h) {
-            s.gown[m - h] = expf(l);
-            s.beta[m - h] = 1.0f / (1.0f + expf(-gdn__to_f32(static_cast<const I *>(p.b)[(i * T + (m - h)) * HV + head])));
-        }
+    for (int m = threadIdx.x; m < h; m += blockDim.x) /* log decays (cumulative sums below) */
+        s.logd[m] = token_log_decay(gdn__to_f32(reinterpret_cast<const I *>(ring_r + m * record_bytes + a_offset)[head]),
+                                    A, dt_bias);
+    if ((int)threadIdx.x < T) {
+        const float l = token_log_decay(own_a, A, dt_bias);
+        s.logd[h + threadIdx.x] = l;
+        s.gown[threadIdx.x] = expf(l);
+        s.beta[threadIdx.x] = 1.0f / (1.0f + expf(-own_b));
     }
     for (int e = threadIdx.x; e < T * cta_rows; e += blockDim.x) {
         const int t = e / cta_rows, row = e % cta_rows;
@@ -214,8 +224,9 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : (ONE_TOKEN && sizeof(S)
 
     /* 2. Normalised rows, cumulative decays, coefficients. */
     for (int item = warp; item < E + T; item += warps) {
-        if (item < E) normalise_row<K, I>(s.raw + (size_t)item * K, s.khat + (size_t)item * K, 1.0f, p.use_qk_l2norm, lane);
-        else normalise_row<K, I>(s.raw + (size_t)item * K, s.qhat + (size_t)(item - E) * K, p.scale, p.use_qk_l2norm, lane);
+        const int raw_row = item < h ? item : C + item - h; /* records, own k, own q */
+        if (item < E) normalise_row<K, I>(s.raw + (size_t)raw_row * K, s.khat + (size_t)item * K, 1.0f, p.use_qk_l2norm, lane);
+        else normalise_row<K, I>(s.raw + (size_t)raw_row * K, s.qhat + (size_t)(item - E) * K, p.scale, p.use_qk_l2norm, lane);
     }
     if (threadIdx.x == 0) {
         float P = 0.0f;
@@ -363,7 +374,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : (ONE_TOKEN && sizeof(S)
             for (int c = threadIdx.x; c < T * CHUNKS; c += blockDim.x) {
                 const int t = c / CHUNKS, piece = c % CHUNKS;
                 reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes + (int64_t)kh * K * 2)[piece] =
-                    reinterpret_cast<const uint4 *>(s.raw + (size_t)(h + t) * K)[piece];
+                    reinterpret_cast<const uint4 *>(s.raw + (size_t)(C + t) * K)[piece];
             }
         for (int t = threadIdx.x; t < T; t += blockDim.x)
             reinterpret_cast<I *>(ring_w + (base + t) * record_bytes + a_offset)[head] =

@@ -48,9 +48,10 @@ if want racecheck; then
     sanitize racecheck test_gpu_kernels qwen3_5 'gpu_kernels/qwen3_5*'
     sanitize racecheck test_gpu_kernels others '!(gpu_kernels/qwen3_5*)'
     sanitize racecheck test_gpu_engine ""
-    for test in both_strategies sixteen_token large_batches; do
+    for test in both_strategies sixteen_token large_batches ring_matches ring_sixteen ring_large ring_slots; do
         sanitize racecheck test_gpu_replay $test "gpu_replay/$test*"
     done
+    sanitize racecheck test_gpu_replay ring_directed "gpu_replay/ring_[afnrw]*"
 fi
 wait
 # A sanitizer cut at the limit can leave its target running on the GPU, which would skew the benches.

@@ -139,12 +139,8 @@ typedef enum gdn_verify_strategy {
      * cache strategy's (bench/results, README). Both backends. */
     GDN_VERIFY_REPLAY = 1,
     /* The default (gdn_engine_config_init): REPLAY when max_tokens > 1 and max_batch >= 16, else
-     * CACHE. Measured on the H100 (bench/results/2026-11-23-h100-strategies.md): at B = 64 replay's
-     * verify + commit is 2.2-4.1x faster and it holds 5-13x less memory, while its decode is 7-14%
-     * slower, so it wins as soon as more than 4-7% of the steps are verifies; on a 36-layer step it
-     * wins from bucket 8 up (T = 2 and 4) and loses below (bucket 1, T = 4: 609 vs 302 us). An engine
-     * that never verifies more than one token, or whose largest batch is under 16 rows, keeps the cache
-     * strategy. gdn_engine_get_config reports the choice. */
+     * CACHE (the measurements behind the choice: bench/results/2026-11-23-h100-strategies.md and
+     * 2026-11-23-h100-ring.md). AUTO never picks RING. gdn_engine_get_config reports the choice. */
     GDN_VERIFY_AUTO = 2,
     /* Each slot keeps, per layer, a checkpoint state (the pool) and a ring of up to ring_length
      * recent token records (k and a as given, and the token's fp32 correction u; SPEC 3 and the
@@ -155,7 +151,9 @@ typedef enum gdn_verify_strategy {
      * ring's cursor by accepted[i]. A verify that does not fit the ring's free space, and any row
      * whose write slot differs from its read slot, writes the state back first. The pool therefore
      * lags for slots with ring records: reading a state through the API writes the slot's ring back
-     * first. Both backends. */
+     * first. With bf16 state the state is rounded only at write-backs (closer to float64 than the
+     * other strategies); its kernel is not yet faster than the cache strategy's (bench/results).
+     * Both backends. */
     GDN_VERIFY_RING = 3,
 } gdn_verify_strategy;
 
