@@ -66,6 +66,11 @@ static inline int bench_parse_list(const char *s, int *out, int max)
 /* Shared between the gdn-bench modes (definitions in the file named). */
 int gdn_bench_spin(cudaStream_t stream, double milliseconds);          /* bench_spin.cu: a busy kernel */
 int gdn_bench_copy_ceiling(cudaStream_t stream, double *gbps);         /* gdn_bench.c: 2 GiB D2D copy */
+/* The benches' random source (gdn_bench.c): xorshift64*, one stream per process; a mode that wants
+ * its own reproducible sequence seeds it when it starts. */
+void gdn_bench_rng_seed(uint64_t seed);
+uint64_t gdn_bench_rng_next(void);
+double gdn_bench_rng_normal(void); /* N(0, 1), Box-Muller */
 int gdn_bench_fill_inputs(gdn_engine *e, const gdn_engine_config *c); /* bench_engine.c: random io */
 int gdn_bench_engine_main(int argc, char **argv);                      /* bench_engine.c */
 int gdn_bench_strategies_main(int argc, char **argv);                  /* bench_strategies.c */

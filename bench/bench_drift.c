@@ -56,28 +56,11 @@ typedef struct dresult {
     double state_rel[MAX_CHECKS], out_rel[MAX_CHECKS];
 } dresult;
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static uint64_t rng_next(void)
-{
-    uint64_t x = rng_state;
-    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
-    rng_state = x;
-    return x * 0x2545f4914f6cdd1dull;
-}
-
-static double rng_normal(void)
-{
-    const double u1 = ((rng_next() >> 11) + 1.0) / 9007199254740993.0;
-    const double u2 = (rng_next() >> 11) / 9007199254740992.0;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 /* n bf16 values of sigma N(0, 1) into bf (and their exact values into d, if not NULL). */
 static void fill_bf16(uint16_t *bf, double *d, int64_t n, double sigma)
 {
     for (int64_t i = 0; i < n; i++) {
-        bf[i] = gdn__f32_to_bf16((float)(sigma * rng_normal()));
+        bf[i] = gdn__f32_to_bf16((float)(sigma * gdn_bench_rng_normal()));
         if (d) d[i] = gdn__bf16_to_f32(bf[i]);
     }
 }
@@ -137,6 +120,7 @@ int gdn_bench_drift_main(int argc, char **argv)
 {
     const char *preset = NULL, *json = NULL, *backend_arg = "auto";
     int rows = 4, steps = 4096, rings[8] = {4, 16, 32}, nrings = 3;
+    gdn_bench_rng_seed(0x2545f4914f6cdd1dull);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -243,8 +227,8 @@ int gdn_bench_drift_main(int argc, char **argv)
 
     for (int reg = 0; reg < 2; reg++) {
         for (int32_t h = 0; h < HV; h++) {
-            A_log[reg][h] = reg == 0 ? (float)(0.1 * rng_normal()) : 0.0f;
-            dt_bias[reg][h] = reg == 0 ? (float)(0.1 * rng_normal()) : -4.0f;
+            A_log[reg][h] = reg == 0 ? (float)(0.1 * gdn_bench_rng_normal()) : 0.0f;
+            dt_bias[reg][h] = reg == 0 ? (float)(0.1 * gdn_bench_rng_normal()) : -4.0f;
         }
         /* Initial state (bf16 values, so that every variant and the reference start equal). */
         fill_bf16(S0, S_ref, nS, 0.1);

@@ -210,14 +210,6 @@ typedef struct ctx {
     size_t v_elems;
 } ctx;
 
-static uint64_t rng_state = 0x853c49e6748fea9bull;
-static uint32_t rng_u32(void)
-{
-    uint64_t x = rng_state;
-    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
-    rng_state = x;
-    return (uint32_t)((x * 0x2545f4914f6cdd1dull) >> 32);
-}
 
 /* --check: new random v in layer 0 before each checked step. With the same inputs every step a row's
  * state converges, and a bf16 write-back can then rewrite identical bits (seen on the CPU backend). */
@@ -226,7 +218,7 @@ static int perturb_v(ctx *c)
     gdn_layer_io io;
     CHECK_GDN(gdn_engine_layer_io(c->e, 0, &io));
     for (size_t i = 0; i < c->v_elems; i++) {
-        const float x = (float)((int32_t)(rng_u32() >> 16) - 32768) / 32768.0f; /* uniform [-1, 1) */
+        const float x = (float)((int32_t)(gdn_bench_rng_next() >> 48) - 32768) / 32768.0f; /* uniform [-1, 1) */
         uint32_t bits;
         memcpy(&bits, &x, 4);
         c->fresh_v[i] = (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16); /* round to nearest even */
@@ -651,6 +643,7 @@ static void write_json(const sopts *o, const mrow *mem, int nmem, const srow *ro
 int gdn_bench_strategies_main(int argc, char **argv)
 {
     sopts o;
+    gdn_bench_rng_seed(0x853c49e6748fea9bull);
     if (parse(argc, argv, &o)) {
         usage();
         return 2;
@@ -775,11 +768,11 @@ int gdn_bench_strategies_main(int argc, char **argv)
                     /* Slots: all of them, in a shuffled order (rows land anywhere in the pool). */
                     for (int32_t i = 0; i < o.num_slots; i++) CHECK_GDN(gdn_slot_alloc(e, &all_slots[i]));
                     for (int32_t i = o.num_slots - 1; i > 0; i--) {
-                        const int32_t j = (int32_t)(rng_u32() % (uint32_t)(i + 1)), t = all_slots[i];
+                        const int32_t j = (int32_t)((uint32_t)(gdn_bench_rng_next() >> 32) % (uint32_t)(i + 1)), t = all_slots[i];
                         all_slots[i] = all_slots[j], all_slots[j] = t;
                     }
                     if (gdn_bench_fill_inputs(e, rc)) return 1;
-                    for (int j = 0; j < PATTERNS * max_b; j++) acc_host[j] = (int32_t)(rng_u32() % (uint32_t)(T + 1));
+                    for (int j = 0; j < PATTERNS * max_b; j++) acc_host[j] = (int32_t)((uint32_t)(gdn_bench_rng_next() >> 32) % (uint32_t)(T + 1));
                     if (gpu)
                         CHECK_CUDA(cudaMemcpy(acc_dev, acc_host, sizeof(int32_t) * PATTERNS * (size_t)max_b,
                                               cudaMemcpyHostToDevice));

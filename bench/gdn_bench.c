@@ -40,7 +40,9 @@
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-static uint64_t rng_next(void)
+void gdn_bench_rng_seed(uint64_t seed) { rng_state = seed; }
+
+uint64_t gdn_bench_rng_next(void)
 {
     uint64_t x = rng_state; /* xorshift64* */
     x ^= x >> 12;
@@ -50,17 +52,17 @@ static uint64_t rng_next(void)
     return x * 0x2545f4914f6cdd1dull;
 }
 
-static double rng_normal(void)
+double gdn_bench_rng_normal(void)
 {
-    double u1 = ((rng_next() >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (rng_next() >> 11) / 9007199254740992.0;
+    double u1 = ((gdn_bench_rng_next() >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (gdn_bench_rng_next() >> 11) / 9007199254740992.0;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
 /* n elements of `dtype` drawn from sigma * N(0, 1). */
 static void fill_normal(void *dst, gdn_dtype dtype, int64_t n, double sigma)
 {
-    for (int64_t i = 0; i < n; i++) gdn__store_f32(dst, dtype, i, (float)(sigma * rng_normal()));
+    for (int64_t i = 0; i < n; i++) gdn__store_f32(dst, dtype, i, (float)(sigma * gdn_bench_rng_normal()));
 }
 
 static double now_s(void) { return bench_now_s(); }
@@ -590,7 +592,7 @@ static int time_case(const preset *pr, gdn_dtype sd, int B, int T, int do_commit
         int32_t *row = slots + (size_t)j * B;
         for (int i = 0; i < B; i++) row[i] = j * B + i;
         for (int i = B - 1; i > 0; i--) {
-            int x = (int)(rng_next() % (uint64_t)(i + 1));
+            int x = (int)(gdn_bench_rng_next() % (uint64_t)(i + 1));
             int32_t t = row[i];
             row[i] = row[x], row[x] = t;
         }
