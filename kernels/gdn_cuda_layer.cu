@@ -167,14 +167,8 @@ template <typename Geo> struct token_values {
     __device__ __forceinline__ void load_shared(const shared_tokens &s, int j, int t, int K, int tile_rows, int local_row0,
                                                 int glane)
     {
-#pragma unroll
-        for (int n = 0; n < Geo::NV; n++)
-#pragma unroll
-            for (int e = 0; e < Geo::EV; e += 4) {
-                const int at = (n * Geo::L + glane) * Geo::EV + e;
-                *reinterpret_cast<float4 *>(&k[n][e]) = *reinterpret_cast<const float4 *>(s.khat + (size_t)j * K + at);
-                if (WITH_Q) *reinterpret_cast<float4 *>(&q[n][e]) = *reinterpret_cast<const float4 *>(s.qhat + (size_t)t * K + at);
-            }
+        load_slice<Geo>(s.khat + (size_t)j * K, k, glane);
+        if (WITH_Q) load_slice<Geo>(s.qhat + (size_t)t * K, q, glane);
 #pragma unroll
         for (int rt = 0; rt < Geo::RT; rt++) v[rt] = s.v[(size_t)j * tile_rows + local_row0 + rt * Geo::G];
         g = s.gate[j];
@@ -273,13 +267,7 @@ __device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::E
         dk[rt] = a0;
         dq[rt] = a1;
     }
-#pragma unroll
-    for (int off = L / 2; off > 0; off >>= 1)
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++) {
-            dk[rt] += __shfl_xor_sync(0xffffffffu, dk[rt], off);
-            if (OUTPUT) dq[rt] += __shfl_xor_sync(0xffffffffu, dq[rt], off);
-        }
+    row_sums<L, RT, OUTPUT>(dk, dq);
     const float inverse = DECAY_OUTSIDE ? __fdividef(1.0f, G) : 0.0f; /* G >= 2^-8: no range issue */
 #pragma unroll
     for (int rt = 0; rt < RT; rt++) {
@@ -457,11 +445,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
     const int64_t state_elems = (int64_t)V * K;
     const S *src = static_cast<const S *>(p.state) + r * p.slot_stride + h * state_elems;
     float st[RT][NV][EV];
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-        for (int n = 0; n < NV; n++)
-            gdn__load_vec_stream<S, EV>(src + (int64_t)(row0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
+    load_rows<K, S, Geo>(src, st, row0, glane);
     uint4 *staged = reinterpret_cast<uint4 *>(smem); /* [RT * NV][threads]: conflict-free */
     /* `after` is 0, computed from values just read from `staged`: the copies cannot overtake them. */
     const auto stage_set = [&](int set, uint32_t after) {

@@ -151,13 +151,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
 
     /* 1. The state rows in flight first; then the count, and what depends on it. */
     const int64_t state_elems = (int64_t)V * K;
-    const S *src = static_cast<const S *>(p.state) + r * p.slot_stride + head * state_elems;
     float st[RT][NV][EV];
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-        for (int n = 0; n < NV; n++)
-            gdn__load_vec_stream<S, EV>(src + (int64_t)(row0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
+    load_rows<K, S, Geo>(static_cast<const S *>(p.state) + r * p.slot_stride + head * state_elems, st, row0, glane);
 
     /* The step's own k and q (raw rows C.. and C + T..; records take rows 0..h-1) and gate inputs do
      * not depend on the ring: in flight before its count is read. */
@@ -274,14 +269,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
     float *u_records = reinterpret_cast<float *>(ring_w + u_offset) + (int64_t)head * V;
     for (int t = 0; t < T; t++) {
         float kx[NV][EV], qx[NV][EV];
-#pragma unroll
-        for (int n = 0; n < NV; n++)
-#pragma unroll
-            for (int e = 0; e < EV; e += 4) {
-                const int at = (n * L + glane) * EV + e;
-                *reinterpret_cast<float4 *>(&kx[n][e]) = *reinterpret_cast<const float4 *>(s.khat + (size_t)(h + t) * K + at);
-                *reinterpret_cast<float4 *>(&qx[n][e]) = *reinterpret_cast<const float4 *>(s.qhat + (size_t)t * K + at);
-            }
+        load_slice<Geo>(s.khat + (size_t)(h + t) * K, kx, glane);
+        load_slice<Geo>(s.qhat + (size_t)t * K, qx, glane);
         const float c0k = s.c0[2 * t], c0q = s.c0[2 * t + 1];
         float dk[RT], dq[RT];
 #pragma unroll
@@ -303,13 +292,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
             }
             dk[rt] = a0, dq[rt] = a1;
         }
-#pragma unroll
-        for (int off = L / 2; off > 0; off >>= 1)
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++) {
-                dk[rt] += __shfl_xor_sync(0xffffffffu, dk[rt], off);
-                dq[rt] += __shfl_xor_sync(0xffffffffu, dq[rt], off);
-            }
+        row_sums<L, RT, true>(dk, dq);
         const float g = s.gown[t], beta = s.beta[t];
 #pragma unroll
         for (int rt = 0; rt < RT; rt++) {
@@ -343,12 +326,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
                 for (int e = 0; e < EV; e++) st[rt][n][e] *= f0;
         for (int m = 0; m < flushed; m++) {
             float kx[NV][EV];
-#pragma unroll
-            for (int n = 0; n < NV; n++)
-#pragma unroll
-                for (int e = 0; e < EV; e += 4)
-                    *reinterpret_cast<float4 *>(&kx[n][e]) =
-                        *reinterpret_cast<const float4 *>(s.khat + (size_t)m * K + (n * L + glane) * EV + e);
+            load_slice<Geo>(s.khat + (size_t)m * K, kx, glane);
             const float fm = s.flushc[m];
 #pragma unroll
             for (int rt = 0; rt < RT; rt++) {

@@ -70,6 +70,42 @@ __device__ __forceinline__ void norm_scales(const gdn__layer_params &p, float kk
     rq = p.scale * (p.use_qk_l2norm ? rsqrtf(qq + 1e-6f) : 1.0f);
 }
 
+/* Loads the thread's state rows of a head's [V, K] block at src into fp32 registers: RT * NV
+ * independent 16-byte loads, evict-first (a step reads the state once), all issued before any use. */
+template <int K, typename S, typename Geo>
+__device__ __forceinline__ void load_rows(const S *src, float (&st)[Geo::RT][Geo::NV][Geo::EV], int row0, int glane)
+{
+#pragma unroll
+    for (int rt = 0; rt < Geo::RT; rt++)
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+            gdn__load_vec_stream<S, Geo::EV>(src + (int64_t)(row0 + rt * Geo::G) * K + (n * Geo::L + glane) * Geo::EV,
+                                             st[rt][n]);
+}
+
+/* The thread's slice of an fp32 row of K values in shared memory (the columns its state values hold). */
+template <typename Geo>
+__device__ __forceinline__ void load_slice(const float *row, float (&x)[Geo::NV][Geo::EV], int glane)
+{
+#pragma unroll
+    for (int n = 0; n < Geo::NV; n++)
+#pragma unroll
+        for (int e = 0; e < Geo::EV; e += 4)
+            *reinterpret_cast<float4 *>(&x[n][e]) = *reinterpret_cast<const float4 *>(row + (n * Geo::L + glane) * Geo::EV + e);
+}
+
+/* Sums a[rt] (and b[rt] when BOTH) over each row's L lanes, all rows' shuffles interleaved. */
+template <int L, int RT, bool BOTH> __device__ __forceinline__ void row_sums(float (&a)[RT], float (&b)[RT])
+{
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1)
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+            a[rt] += __shfl_xor_sync(0xffffffffu, a[rt], off);
+            if (BOTH) b[rt] += __shfl_xor_sync(0xffffffffu, b[rt], off);
+        }
+}
+
 /* Stores the thread's state rows (times `decay` when DECAY_OUTSIDE), rounded once to S, into a
  * head's [V, K] block at dst. */
 template <int K, typename S, typename Geo, bool DECAY_OUTSIDE>

@@ -61,6 +61,13 @@ static void expect_every_position(const scenario_result *r)
                  (unsigned long long)all);
 }
 
+/* Kernels wrote a state back after every number of records 0..C (0: forks of an empty ring). */
+static void expect_write_backs_at_every_depth(const scenario_result *r)
+{
+    const uint64_t depths = low_bits(r->ring_capacity + 1);
+    cr_assert_eq(r->ring_flush_depths & depths, depths, "write-back depths %#llx", (unsigned long long)r->ring_flush_depths);
+}
+
 Test(ring, scenario_fp32_ring_of_4_read_every_step, .timeout = 300)
 {
     /* Each read writes back: rings hold at most one step's tokens when a step begins. */
@@ -77,9 +84,7 @@ Test(ring, scenario_fp32_ring_of_4_written_back_by_the_kernels, .timeout = 300)
     cr_assert_gt(r.ring_flush_fork, 2, "forks of requests with records");
     cr_assert_eq(r.ring_largest, 4, "a committed verify fills the ring to its capacity");
     expect_every_position(&r);
-    /* Write-backs in kernels after every number of records 0..C (0: forks of an empty ring). */
-    const uint64_t depths = low_bits(r.ring_capacity + 1);
-    cr_assert_eq(r.ring_flush_depths & depths, depths, "write-back depths %#llx", (unsigned long long)r.ring_flush_depths);
+    expect_write_backs_at_every_depth(&r);
 }
 
 Test(ring, scenario_bf16_ring_of_5_written_back_by_the_kernels, .timeout = 300)
@@ -88,8 +93,7 @@ Test(ring, scenario_bf16_ring_of_5_written_back_by_the_kernels, .timeout = 300)
     cr_assert_gt(r.ring_flush_decode, 10);
     cr_assert_gt(r.ring_flush_verify, 5);
     expect_every_position(&r);
-    const uint64_t depths = low_bits(r.ring_capacity + 1);
-    cr_assert_eq(r.ring_flush_depths & depths, depths, "write-back depths %#llx", (unsigned long long)r.ring_flush_depths);
+    expect_write_backs_at_every_depth(&r);
 }
 
 Test(ring, scenario_bf16_ring_of_4_with_sixteen_token_verifies, .timeout = 300)
