@@ -100,6 +100,9 @@ template <typename S, int N> __device__ __forceinline__ void gdn__load_vec_strea
     for (int j = 0; j < N; j++) out[j] = gdn__to_f32(raw.v[j]);
 }
 
+/* Asks L2 to fetch the line holding p (no register result: the load that follows finds it there). */
+__device__ __forceinline__ void gdn__prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
 /* 16 bytes from global to shared memory without passing through registers (cp.async, cached in L2
  * only); the copies of a thread complete at its gdn__copy_async_wait_all. */
 __device__ __forceinline__ void gdn__copy_async16(void *shared_dst, const void *global_src)

@@ -6,28 +6,30 @@
  * so a token's S k^ and S q^ need only S0 k^ and S0 q^ (one pass over S0) and the scalars k^_j.k^,
  * k^_j.q^ per record: a decode reads the state and does not write it.
  *
- * Why it looks like this. Per (row, value head) the state is V x K and everything else is about 1% of
- * the bytes, so the kernel is the cache decode's memory pipeline (K-last rows split over lane groups
- * with 16-byte loads, all of a thread's rows in flight before the first use) with the token work
+ * Why it looks like this. Per (row, value head) the state is V x K and everything else is a few % of
+ * the bytes, so the kernel is a memory pipeline over K-last state rows (a thread holds 16 elements of
+ * a row, 16-byte loads, all of a pass's rows in flight before the first use), with the token work
  * moved into a per-CTA preparation that overlaps those loads:
- *   1. Issue the thread's state loads and the copies of the step's raw k, q (cp.async into shared
- *      memory), then read the row's record count h and copy the records' raw k (the head's key
- *      head) and the CTA's rows of their u: one round trip after h. At most 128 registers a
- *      thread (the unbounded fp32 decode instance took 194, two CTAs an SM: too few bytes in flight).
+ *   1. Issue the first pass's state loads (the later passes' rows are prefetched into L2) and the
+ *      copies of the step's raw k, q (cp.async into shared memory), then read the row's record count
+ *      h and copy the records' raw k (the head's key head) and the CTA's rows of their u: one round
+ *      trip after h.
  *   2. Normalise every k and q (a warp each), prefix-sum the log decays, and form, per own token t and
  *      entry m, the coefficients of u_m in S k^_t and S q^_t (a warp per dot product).
- *   3. Per state row: S0.k^_t and S0.q^_t over the thread's slice, each lane adding its share of the
- *      records' terms (record j goes to lane j mod L), one lane-group sum each; the own tokens'
- *      terms, which need the corrections just computed, are added after the sum (O(T^2) a row).
+ *   3. Per pass (a CTA owns up to GDN__RING_MAX_PASSES pass tiles of one head, so that one
+ *      preparation serves up to a whole head on large grids), per state row: S0.k^_t and S0.q^_t over
+ *      the thread's slice, each lane adding its share of the records' terms (record j goes to lane
+ *      j mod L), one lane-group sum each; the own tokens' terms, which need the corrections just
+ *      computed, are added after the sum (O(T^2) a row).
  *   4. A row whose ring is full (decode), that does not fit (verify), or whose write slot differs,
  *      writes the state back: the thread's rows become exp(P) S0 + sum_j c_j u_j k^_j and are stored.
  * The step's records are written beside: u by each CTA for its rows; k (per key head) and a (per
  * value head) by one CTA each, or, when they overwrite records that other CTAs of the row still read
  * (a verify that flushed in place), by the row's last CTA, which also writes the count.
  *
- * Template parameters: K, state S, input I, output O, REGS (state values a thread holds), ONE_TOKEN
- * (decode: the token's correction stays in registers for the write-back; a verify keeps its tokens'
- * corrections in shared memory and uses 16 elements a lane, fewer shuffle levels per sum).
+ * Template parameters: K, state S, input I, output O, REGS (state values a thread holds in a pass),
+ * ONE_TOKEN (decode: the token's correction stays in registers for the write-back; a verify keeps its
+ * tokens' corrections in shared memory).
  */
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
@@ -114,11 +116,17 @@ template <int K> __device__ __forceinline__ float warp_dot(const float *x, const
 /* Kernel                                                                                           */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* Resident CTAs an SM (__launch_bounds__) below 64 state values a thread: 6 caps registers at 80. */
+#ifndef GDN__RING_CTAS_PER_SM
+#define GDN__RING_CTAS_PER_SM 6
+#endif
+
+/* A CTA owns `passes` consecutive pass tiles (pass_rows rows each) of one head of one row: the
+ * preparation is shared by all of them. */
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN>
-__global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
-    ring_step_kernel(const gdn__layer_params p)
+__global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM)) ring_step_kernel(const gdn__layer_params p, int passes)
 {
-    using Geo = layer_geometry<K, S, REGS, !ONE_TOKEN>;
+    using Geo = layer_geometry<K, S, REGS, true>;
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT;
     static_assert(sizeof(I) == 2, "2-byte inputs");
     extern __shared__ __align__(16) float smem[];
@@ -127,12 +135,12 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
     const int group = lane / L, glane = lane % L;
     const int V = p.V, HV = p.HV, HK = p.HK, C = p.ring_capacity;
     const int T = ONE_TOKEN ? min(p.T, 1) : p.T; /* the one-token instance also runs write-backs (T = 0) */
-    const int cta_rows = warps * Geo::ROWS_PER_WARP;
-    const int tiles_per_head = V / cta_rows;
-    const int head = blockIdx.x / tiles_per_head, tile = blockIdx.x % tiles_per_head;
+    const int pass_rows = warps * Geo::ROWS_PER_WARP, span_rows = pass_rows * passes;
+    const int tiles_per_head = V / pass_rows, spans_per_head = tiles_per_head / passes;
+    const int head = blockIdx.x / spans_per_head, first_tile = blockIdx.x % spans_per_head * passes;
     const int64_t i = blockIdx.y;
-    const int tile_row0 = tile * cta_rows;
-    const int local_row0 = warp * Geo::ROWS_PER_WARP + group; /* row of rt = 0 within the CTA */
+    const int tile_row0 = first_tile * pass_rows;
+    const int local_row0 = warp * Geo::ROWS_PER_WARP + group; /* row of rt = 0 within a pass */
     const int row0 = tile_row0 + local_row0;
 
     const int64_t r = p.read_slots[i];
@@ -144,20 +152,25 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
         if (out_of_range && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
         if (glane == 0)
             for (int t = 0; t < T; t++)
+                for (int pass = 0; pass < passes; pass++)
 #pragma unroll
-                for (int rt = 0; rt < RT; rt++) out[out_base + t * out_token_stride + row0 + rt * G] = gdn__from_f32<O>(0.0f);
+                    for (int rt = 0; rt < RT; rt++)
+                        out[out_base + t * out_token_stride + row0 + pass * pass_rows + rt * G] = gdn__from_f32<O>(0.0f);
         return;
     }
 
     /* 1. The state rows in flight first; then the count, and what depends on it. */
     const int64_t state_elems = (int64_t)V * K;
+    const S *state_r = static_cast<const S *>(p.state) + r * p.slot_stride + head * state_elems;
+    /* The first pass's rows into registers, the other passes' into L2 (read after their turn comes). */
     float st[RT][NV][EV];
-    load_rows<K, S, Geo>(static_cast<const S *>(p.state) + r * p.slot_stride + head * state_elems, st, row0, glane);
+    load_rows<K, S, Geo>(state_r, st, row0, glane);
+    for (int pass = 1; pass < passes; pass++) prefetch_rows<K, S, Geo>(state_r, row0 + pass * pass_rows, glane);
 
     /* The step's own k and q (raw rows C.. and C + T..; records take rows 0..h-1) and gate inputs do
      * not depend on the ring: in flight before its count is read. */
     const int kh = head / (HV / HK);
-    ring_shared s(smem, K, C, T, cta_rows);
+    ring_shared s(smem, K, C, T, span_rows);
     constexpr int CHUNKS = K * 2 / 16; /* 16-byte pieces of a raw k or q row */
     for (int c = threadIdx.x; c < 2 * T * CHUNKS; c += blockDim.x) {
         const int m = c / CHUNKS, piece = c % CHUNKS, t = m % T;
@@ -189,14 +202,14 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
             const int m = c / CHUNKS, piece = c % CHUNKS;
             gdn__copy_async16(s.raw + (size_t)m * K + piece * 8, ring_r + m * record_bytes + (int64_t)kh * K * 2 + piece * 16);
         }
-        const bool u16 = cta_rows % 4 == 0; /* the rows' u in 16-byte pieces, else 4-byte */
-        const int per_record = u16 ? cta_rows / 4 : cta_rows;
+        const bool u16 = span_rows % 4 == 0; /* the rows' u in 16-byte pieces, else 4-byte */
+        const int per_record = u16 ? span_rows / 4 : span_rows;
         for (int c = threadIdx.x; c < h * per_record; c += blockDim.x) {
             const int j = c / per_record, piece = c % per_record;
             const float *from = reinterpret_cast<const float *>(ring_r + j * record_bytes + u_offset) +
                                 (int64_t)head * V + tile_row0;
-            if (u16) gdn__copy_async16(s.urec + (size_t)j * cta_rows + piece * 4, from + piece * 4);
-            else gdn__copy_async4(s.urec + (size_t)j * cta_rows + piece, from + piece);
+            if (u16) gdn__copy_async16(s.urec + (size_t)j * span_rows + piece * 4, from + piece * 4);
+            else gdn__copy_async4(s.urec + (size_t)j * span_rows + piece, from + piece);
         }
         gdn__copy_async_commit();
     }
@@ -210,8 +223,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
         s.gown[threadIdx.x] = expf(l);
         s.beta[threadIdx.x] = 1.0f / (1.0f + expf(-own_b));
     }
-    for (int e = threadIdx.x; e < T * cta_rows; e += blockDim.x) {
-        const int t = e / cta_rows, row = e % cta_rows;
+    for (int e = threadIdx.x; e < T * span_rows; e += blockDim.x) {
+        const int t = e / span_rows, row = e % span_rows;
         s.vown[e] = gdn__to_f32(static_cast<const I *>(p.v)[((i * T + t) * HV + head) * V + tile_row0 + row]);
     }
     gdn__copy_async_wait_all();
@@ -259,94 +272,114 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
     unsigned arrival = 0;
     if (threadIdx.x == 0) {
         __threadfence();
-        arrival = atomicAdd(&p.arrivals[i], 1u);
+        arrival = atomicAdd(&p.arrivals[i], (unsigned)passes);
     }
 
-    /* 3. The own tokens, row by row. */
-    float u_last[RT]; /* decode: the token's correction, for the write-back */
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++) u_last[rt] = 0.0f;
     float *u_records = reinterpret_cast<float *>(ring_w + u_offset) + (int64_t)head * V;
-    for (int t = 0; t < T; t++) {
-        float kx[NV][EV], qx[NV][EV];
-        load_slice<Geo>(s.khat + (size_t)(h + t) * K, kx, glane);
-        load_slice<Geo>(s.qhat + (size_t)t * K, qx, glane);
-        const float c0k = s.c0[2 * t], c0q = s.c0[2 * t + 1];
-        float dk[RT], dq[RT];
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++) {
-            float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll
-            for (int n = 0; n < NV; n++)
-#pragma unroll
-                for (int e = 0; e < EV; e++) {
-                    a0 = fmaf(st[rt][n][e], kx[n][e], a0);
-                    a1 = fmaf(st[rt][n][e], qx[n][e], a1);
-                }
-            a0 *= c0k, a1 *= c0q;
-            const int local = local_row0 + rt * G;
-            for (int j = glane; j < h; j += L) {
-                const float u = s.urec[(size_t)j * cta_rows + local];
-                a0 = fmaf(s.ck[t * E + j], u, a0);
-                a1 = fmaf(s.cq[t * E + j], u, a1);
-            }
-            dk[rt] = a0, dq[rt] = a1;
-        }
-        row_sums<L, RT, true>(dk, dq);
-        const float g = s.gown[t], beta = s.beta[t];
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++) {
-            const int local = local_row0 + rt * G;
-            float sk = dk[rt], sq = dq[rt];
-            for (int t2 = 0; t2 < t; t2++) { /* own earlier tokens (verify) */
-                const float u2 = s.uown[(size_t)t2 * cta_rows + local];
-                sk = fmaf(s.ck[t * E + h + t2], u2, sk);
-                sq = fmaf(s.cq[t * E + h + t2], u2, sq);
-            }
-            const float u = beta * (s.vown[(size_t)t * cta_rows + local] - g * sk);
-            const float o = fmaf(s.cq[t * E + h + t], u, sq);
-            u_last[rt] = u;
-            if (glane == 0) {
-                out[out_base + t * out_token_stride + tile_row0 + local] = gdn__from_f32<O>(o);
-                if (keep) u_records[(base + t) * record_bytes / 4 + tile_row0 + local] = u;
-                if (!ONE_TOKEN) s.uown[(size_t)t * cta_rows + local] = u;
-            }
-        }
-        if (!ONE_TOKEN) __syncwarp();
-    }
+    for (int pass = 0; pass < passes; pass++) {
+        const int pass_row0 = pass * pass_rows; /* within the span */
+        if (pass > 0) load_rows<K, S, Geo>(state_r, st, row0 + pass_row0, glane);
 
-    /* 4. Write-back: exp(P_last) S0 + sum_m exp(P_last - P_m) u_m k^_m over the flushed entries. */
-    if (flush) {
-        const float f0 = s.flushc[flushed];
+        /* 3. The own tokens, row by row. */
+        float u_last[RT]; /* decode: the token's correction, for the write-back */
 #pragma unroll
-        for (int rt = 0; rt < RT; rt++)
+        for (int rt = 0; rt < RT; rt++) u_last[rt] = 0.0f;
+        for (int t = 0; t < T; t++) {
+            /* S0.k^ and S0.q^ over the thread's columns, k^ and q^ read from shared memory a 16-byte
+             * vector at a time (all rows share it), then the records' terms (lane j mod L takes record
+             * j; its coefficients shared by all rows). */
+            const float *khat_t = s.khat + (size_t)(h + t) * K, *qhat_t = s.qhat + (size_t)t * K;
+            float dk[RT], dq[RT];
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) dk[rt] = 0.0f, dq[rt] = 0.0f;
 #pragma unroll
             for (int n = 0; n < NV; n++)
 #pragma unroll
-                for (int e = 0; e < EV; e++) st[rt][n][e] *= f0;
-        for (int m = 0; m < flushed; m++) {
-            float kx[NV][EV];
-            load_slice<Geo>(s.khat + (size_t)m * K, kx, glane);
-            const float fm = s.flushc[m];
+                for (int e = 0; e < EV; e += 4) {
+                    const int col = (n * L + glane) * EV + e;
+                    const float4 k4 = *reinterpret_cast<const float4 *>(khat_t + col);
+                    const float4 q4 = *reinterpret_cast<const float4 *>(qhat_t + col);
+#pragma unroll
+                    for (int rt = 0; rt < RT; rt++) {
+                        const float *x = &st[rt][n][e];
+                        dk[rt] = fmaf(x[0], k4.x, fmaf(x[1], k4.y, fmaf(x[2], k4.z, fmaf(x[3], k4.w, dk[rt]))));
+                        dq[rt] = fmaf(x[0], q4.x, fmaf(x[1], q4.y, fmaf(x[2], q4.z, fmaf(x[3], q4.w, dq[rt]))));
+                    }
+                }
+            const float c0k = s.c0[2 * t], c0q = s.c0[2 * t + 1];
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) dk[rt] *= c0k, dq[rt] *= c0q;
+            for (int j = glane; j < h; j += L) {
+                const float ckj = s.ck[t * E + j], cqj = s.cq[t * E + j];
+                const float *u = s.urec + (size_t)j * span_rows + pass_row0 + local_row0;
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) {
+                    dk[rt] = fmaf(ckj, u[rt * G], dk[rt]);
+                    dq[rt] = fmaf(cqj, u[rt * G], dq[rt]);
+                }
+            }
+            row_sums<L, RT, true>(dk, dq);
+            const float g = s.gown[t], beta = s.beta[t];
 #pragma unroll
             for (int rt = 0; rt < RT; rt++) {
-                const float u = m < h ? s.urec[(size_t)m * cta_rows + local_row0 + rt * G] : u_last[rt];
-                const float c = fm * u;
+                const int local = pass_row0 + local_row0 + rt * G;
+                float sk = dk[rt], sq = dq[rt];
+                for (int t2 = 0; t2 < t; t2++) { /* own earlier tokens (verify) */
+                    const float u2 = s.uown[(size_t)t2 * span_rows + local];
+                    sk = fmaf(s.ck[t * E + h + t2], u2, sk);
+                    sq = fmaf(s.cq[t * E + h + t2], u2, sq);
+                }
+                const float u = beta * (s.vown[(size_t)t * span_rows + local] - g * sk);
+                const float o = fmaf(s.cq[t * E + h + t], u, sq);
+                u_last[rt] = u;
+                if (glane == 0) {
+                    out[out_base + t * out_token_stride + tile_row0 + local] = gdn__from_f32<O>(o);
+                    if (keep) u_records[(base + t) * record_bytes / 4 + tile_row0 + local] = u;
+                    if (!ONE_TOKEN) s.uown[(size_t)t * span_rows + local] = u;
+                }
+            }
+            if (!ONE_TOKEN) __syncwarp();
+        }
+
+        /* 4. Write-back: exp(P_last) S0 + sum_m exp(P_last - P_m) u_m k^_m over the flushed entries. */
+        if (flush) {
+            const float f0 = s.flushc[flushed];
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int n = 0; n < NV; n++)
 #pragma unroll
-                    for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(c, kx[n][e], st[rt][n][e]);
+                    for (int e = 0; e < EV; e++) st[rt][n][e] *= f0;
+            for (int m = 0; m < flushed; m++) {
+                const float *khat_m = s.khat + (size_t)m * K;
+                const float fm = s.flushc[m];
+                float c[RT];
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++)
+                    c[rt] = fm * (m < h ? s.urec[(size_t)m * span_rows + pass_row0 + local_row0 + rt * G] : u_last[rt]);
+#pragma unroll
+                for (int n = 0; n < NV; n++)
+#pragma unroll
+                    for (int e = 0; e < EV; e += 4) {
+                        const float4 k4 = *reinterpret_cast<const float4 *>(khat_m + (n * L + glane) * EV + e);
+#pragma unroll
+                        for (int rt = 0; rt < RT; rt++) {
+                            float *x = &st[rt][n][e];
+                            x[0] = fmaf(c[rt], k4.x, x[0]), x[1] = fmaf(c[rt], k4.y, x[1]);
+                            x[2] = fmaf(c[rt], k4.z, x[2]), x[3] = fmaf(c[rt], k4.w, x[3]);
+                        }
+                    }
             }
+            store_rows<K, S, Geo, false>(static_cast<S *>(p.state) + w * p.slot_stride + head * state_elems, st, 1.0f,
+                                         row0 + pass_row0, glane);
         }
-        store_rows<K, S, Geo, false>(static_cast<S *>(p.state) + w * p.slot_stride + head * state_elems, st, 1.0f, row0,
-                                     glane);
     }
 
     /* The step's k (per key head) and a (per value head) become records base..base+T-1 of slot w:
      * written here by one CTA each unless they overwrite records that other CTAs of the row may still
      * read (a verify that wrote back in place), which the row's last CTA then writes. */
     const bool overwrites_read_records = keep && r == w && base < h;
-    if (keep && !overwrites_read_records && tile == 0) {
+    if (keep && !overwrites_read_records && first_tile == 0) {
         constexpr int CHUNKS = K * 2 / 16;
         if (head % (HV / HK) == 0)
             for (int c = threadIdx.x; c < T * CHUNKS; c += blockDim.x) {
@@ -360,7 +393,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
     }
 
     __shared__ int last_cta;
-    if (threadIdx.x == 0) last_cta = arrival == gridDim.x - 1;
+    if (threadIdx.x == 0) last_cta = arrival + passes == (unsigned)(HV * tiles_per_head);
     __syncthreads();
     if (!last_cta) return;
     if (overwrites_read_records) {
@@ -382,31 +415,44 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6))
 /* Launcher                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* CTAs below which a launch uses fewer warps per CTA (more, smaller CTAs) to reach more SMs. */
+/* CTAs below which a launch uses fewer warps per CTA (more, smaller CTAs) to reach more SMs; and the
+ * CTAs a launch keeps when it gives each CTA more passes over a head's rows (one preparation for more
+ * state), up to GDN__RING_MAX_PASSES. */
+#ifndef GDN__RING_SMALL_GRID_CTAS
 #define GDN__RING_SMALL_GRID_CTAS 1024
+#endif
+#ifndef GDN__RING_SPAN_MIN_CTAS
+#define GDN__RING_SPAN_MIN_CTAS 1024
+#endif
+#define GDN__RING_MAX_PASSES 4
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
-    using Geo = layer_geometry<K, S, REGS, !ONE_TOKEN>;
+    using Geo = layer_geometry<K, S, REGS, true>;
     int warps = 4;
     while (warps > 1 && (p->V % (warps * Geo::ROWS_PER_WARP) != 0 ||
                          (int64_t)p->B * p->HV * (p->V / (warps * Geo::ROWS_PER_WARP)) < GDN__RING_SMALL_GRID_CTAS))
         warps /= 2;
     if (p->V % (warps * Geo::ROWS_PER_WARP) != 0) return GDN_ENOTSUP;
-    const int cta_rows = warps * Geo::ROWS_PER_WARP;
-    const dim3 grid((unsigned)(p->HV * (p->V / cta_rows)), (unsigned)p->B);
+    const int pass_rows = warps * Geo::ROWS_PER_WARP;
+    int passes = 1;
+    while (passes < GDN__RING_MAX_PASSES && (p->V / pass_rows) % (2 * passes) == 0 &&
+           (int64_t)p->B * p->HV * (p->V / (pass_rows * 2 * passes)) >= GDN__RING_SPAN_MIN_CTAS)
+        passes *= 2;
+    const int span_rows = pass_rows * passes;
+    const dim3 grid((unsigned)(p->HV * (p->V / span_rows)), (unsigned)p->B);
     const int T = ONE_TOKEN ? 1 : p->T;
-    const size_t smem = ring_shared::bytes(K, p->ring_capacity, T, cta_rows);
+    const size_t smem = ring_shared::bytes(K, p->ring_capacity, T, span_rows);
     auto kernel = ring_step_kernel<K, S, I, O, REGS, ONE_TOKEN>;
-    if (smem > 48 * 1024) { /* long rings with K = 256: opt in once per instance, up to the largest case */
+    if (smem > 48 * 1024) { /* long rings, K = 256, long spans: opt in once per instance, up to the largest case */
         static const cudaError_t opt_in =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)ring_shared::bytes(K, GDN_MAX_RING_LENGTH, ONE_TOKEN ? 1 : GDN_MAX_TOKENS,
-                                                         4 * Geo::ROWS_PER_WARP));
+                                                         GDN__RING_MAX_PASSES * 4 * Geo::ROWS_PER_WARP));
         GDN__CUDA_TRY(opt_in);
     }
-    kernel<<<grid, warps * 32, smem, stream>>>(*p);
+    kernel<<<grid, warps * 32, smem, stream>>>(*p, passes);
     GDN__CUDA_TRY(cudaGetLastError());
     return GDN_OK;
 }
@@ -417,8 +463,8 @@ template <int K, typename S, typename I, typename O, bool ONE_TOKEN>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
     constexpr int BIG = big_regs<S>();
-    using Big = layer_geometry<K, S, BIG, !ONE_TOKEN>;
-    using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, !ONE_TOKEN>;
+    using Big = layer_geometry<K, S, BIG, true>;
+    using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, true>;
     const int64_t big_warps = (int64_t)p->B * p->HV * (p->V / Big::ROWS_PER_WARP);
     const int64_t small_warps = (int64_t)p->B * p->HV * (p->V / Small::ROWS_PER_WARP);
     if (big_warps >= 4 * GDN__RING_SMALL_GRID_CTAS) return launch_regs<K, S, I, O, BIG, ONE_TOKEN>(p, stream);

@@ -83,6 +83,19 @@ __device__ __forceinline__ void load_rows(const S *src, float (&st)[Geo::RT][Geo
                                              st[rt][n]);
 }
 
+/* Prefetches into L2 the lines that load_rows would read at row0 (one lane per 128-byte line), so that
+ * a later pass over them waits on L2, not DRAM. */
+template <int K, typename S, typename Geo> __device__ __forceinline__ void prefetch_rows(const S *src, int row0, int glane)
+{
+    constexpr int LANES_PER_LINE = 128 / (Geo::EV * (int)sizeof(S));
+    if (glane % LANES_PER_LINE != 0) return;
+#pragma unroll
+    for (int rt = 0; rt < Geo::RT; rt++)
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+            gdn__prefetch_l2(src + (int64_t)(row0 + rt * Geo::G) * K + (n * Geo::L + glane) * Geo::EV);
+}
+
 /* The thread's slice of an fp32 row of K values in shared memory (the columns its state values hold). */
 template <typename Geo>
 __device__ __forceinline__ void load_slice(const float *row, float (&x)[Geo::NV][Geo::EV], int glane)
