@@ -414,6 +414,9 @@ gdn_status gdn_slot_reset(gdn_engine *e, int32_t slot, void *stream)
     if (!e) return GDN_EINVAL;
     gdn_status status = gdn__slots_check_live(&e->slots, slot);
     if (status != GDN_OK) return status;
+    /* A reset between begin and a layer would change the state that layer reads; between a verify
+     * and its commit it would be lost (cache) or mixed with the accepted tokens (replay, ring). */
+    if (step_needs_slot(e, slot)) return GDN_ESLOT_BUSY;
     for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++)
         status = e->backend.iface->zero(e->backend.ctx, slot_state(e, l, slot), slot_state_bytes(e), stream);
     return status == GDN_OK ? clear_pending(e, slot, stream) : status;

@@ -743,6 +743,38 @@ Test(engine, slots_of_an_unfinished_step_cannot_be_freed)
     teardown(&f);
 }
 
+/* Reset refuses what free refuses (gdn.h: "same errors as free"), and a refused reset changes no byte. */
+Test(engine, slots_of_an_unfinished_step_cannot_be_reset)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 72);
+    test_inputs *in = write_all_inputs(&f, 2, 2);
+    const int32_t reads[] = {2, 4}, writes[] = {2, 5};
+    gdn_step decode = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 2, .slots = reads, .write_slots = writes};
+    cr_assert_eq(gdn_engine_begin_step(f.e, &decode, NULL, NULL), GDN_OK);
+    cr_assert_eq(gdn_engine_run_layer(f.e, 0, NULL), GDN_OK);
+    unsigned char *before4 = test_snapshot_slot(f.e, 4), *before5 = test_snapshot_slot(f.e, 5);
+    cr_assert_eq(gdn_slot_reset(f.e, 4, NULL), GDN_ESLOT_BUSY, "read slot, layer 1 still to run");
+    cr_assert_eq(gdn_slot_reset(f.e, 5, NULL), GDN_ESLOT_BUSY, "write slot, layer 1 still to run");
+    unsigned char *after4 = test_snapshot_slot(f.e, 4), *after5 = test_snapshot_slot(f.e, 5);
+    cr_assert_eq(memcmp(before4, after4, 2 * test_state_bytes(f.e)), 0, "a refused reset changed slot 4");
+    cr_assert_eq(memcmp(before5, after5, 2 * test_state_bytes(f.e)), 0, "a refused reset changed slot 5");
+    free(before4), free(before5), free(after4), free(after5);
+    cr_assert_eq(gdn_slot_reset(f.e, 7, NULL), GDN_OK, "a slot outside the step may be reset");
+    cr_assert_eq(gdn_engine_run_layer(f.e, 1, NULL), GDN_OK);
+    cr_assert_eq(gdn_slot_reset(f.e, 4, NULL), GDN_OK, "a finished decode step needs nothing more");
+
+    gdn_step verify = {.kind = GDN_STEP_VERIFY, .tokens = 2, .batch = 1, .slots = reads};
+    test_run_step(f.e, verify.kind, verify.tokens, verify.batch, verify.slots, NULL);
+    cr_assert_eq(gdn_slot_reset(f.e, 2, NULL), GDN_ESLOT_BUSY, "the verify step's commit would write slot 2");
+    const int32_t accepted[] = {1};
+    test_set_accepted(f.e, accepted, 1);
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_OK);
+    cr_assert_eq(gdn_slot_reset(f.e, 2, NULL), GDN_OK);
+    free_all_inputs(&f, in);
+    teardown(&f);
+}
+
 Test(engine, null_engine_queries_are_safe)
 {
     cr_assert_eq(gdn_engine_backend(NULL), GDN_BACKEND_AUTO);
