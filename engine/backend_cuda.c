@@ -39,6 +39,12 @@ static gdn_status record_error(cuda_backend *cu, cudaError_t err, const char *ex
     return err == cudaErrorMemoryAllocation ? GDN_ENOMEM : GDN_ECUDA;
 }
 
+/* A launcher's GDN_ECUDA: its CUDA error was consumed where it happened; keep the text it recorded. */
+static void record_launch_failure(cuda_backend *cu, const char *launcher)
+{
+    snprintf(cu->last_error, sizeof cu->last_error, "%s: %s", launcher, gdn__cuda_failure_detail());
+}
+
 #define GDN__CUDA_TRY(cu, expr)                                             \
     do {                                                                    \
         cudaError_t gdn__err = (expr);                                      \
@@ -114,7 +120,7 @@ static gdn_status cuda_fetch_rows(void *ctx, int32_t *dst, int32_t *pending, int
         .num_slots = num_slots,
     };
     gdn_status status = gdn__cuda_fetch_rows(&p, stream);
-    if (status == GDN_ECUDA) record_error(cu, cudaGetLastError(), "gdn__cuda_fetch_rows", __LINE__);
+    if (status == GDN_ECUDA) record_launch_failure(cu, "gdn__cuda_fetch_rows");
     return status;
 }
 
@@ -123,14 +129,14 @@ static void cuda_consume_rows(void *ctx) { ((cuda_backend *)ctx)->host_seq++; }
 static gdn_status cuda_layer_step(void *ctx, const gdn__layer_params *params, void *stream)
 {
     gdn_status status = gdn__cuda_layer_step(params, stream);
-    if (status == GDN_ECUDA) record_error(ctx, cudaGetLastError(), "gdn__cuda_layer_step", __LINE__);
+    if (status == GDN_ECUDA) record_launch_failure(ctx, "gdn__cuda_layer_step");
     return status;
 }
 
 static gdn_status cuda_commit(void *ctx, const gdn__commit_params *params, void *stream)
 {
     gdn_status status = gdn__cuda_commit(params, stream);
-    if (status == GDN_ECUDA) record_error(ctx, cudaGetLastError(), "gdn__cuda_commit", __LINE__);
+    if (status == GDN_ECUDA) record_launch_failure(ctx, "gdn__cuda_commit");
     return status;
 }
 

@@ -41,6 +41,26 @@ inline gdn_status gdn__cuda_status(cudaError_t err, const char *expr, const char
         if (gdn__try_status != GDN_OK) return gdn__try_status;                                     \
     } while (0)
 
+/* Test hook (gdn__cuda_fail_next_launch in gdn_cuda.h): when set, the next launch check on this thread
+ * makes a real failing launch (an empty grid), so that the error path is exercised end to end. */
+inline bool &gdn__cuda_launch_failure_armed(void)
+{
+    static thread_local bool armed = false;
+    return armed;
+}
+static __global__ void gdn__never_runs(void) {}
+
+/* The error of the launch just made (and, when the test hook is armed, of a failing one). */
+inline cudaError_t gdn__cuda_launch_error(void)
+{
+    if (gdn__cuda_launch_failure_armed()) {
+        gdn__cuda_launch_failure_armed() = false;
+        cudaGetLastError();
+        gdn__never_runs<<<0, 1>>>();
+    }
+    return cudaGetLastError();
+}
+
 /* True when `p` is aligned to `bytes`. */
 static inline bool gdn__aligned(const void *p, uintptr_t bytes) { return ((uintptr_t)p % bytes) == 0; }
 

@@ -42,6 +42,13 @@ typedef struct gdn__fetch_params {
 
 gdn_status gdn__cuda_fetch_rows(const gdn__fetch_params *p, void *stream);
 
+/* The text of the last CUDA failure a launcher on this thread returned GDN_ECUDA for
+ * ("file:line: expr: error string"); the launchers have consumed the error itself. */
+const char *gdn__cuda_failure_detail(void);
+
+/* Test hook: the next kernel launch on this thread fails with a real CUDA error. */
+void gdn__cuda_fail_next_launch(void);
+
 #ifdef __cplusplus
 }
 #endif

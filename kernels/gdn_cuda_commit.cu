@@ -67,7 +67,7 @@ template <typename U> static gdn_status launch(const gdn__commit_params *p, int6
     if (chunks > INT32_MAX) return GDN_ENOTSUP;
     const dim3 grid((unsigned)chunks, (unsigned)p->B, (unsigned)p->num_layers);
     commit_kernel<U><<<grid, GDN__COMMIT_THREADS, 0, stream>>>(*p, count);
-    GDN__CUDA_TRY(cudaGetLastError());
+    GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
 }
 
@@ -99,7 +99,7 @@ extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream
     if (p->pending || p->ring_count) { /* replay, ring: counts only */
         if (!p->read_slots || !p->accepted) return GDN_EINVAL;
         commit_pending_kernel<<<(unsigned)p->B, 128, 0, static_cast<cudaStream_t>(stream)>>>(*p);
-        GDN__CUDA_TRY(cudaGetLastError());
+        GDN__CUDA_TRY(gdn__cuda_launch_error());
         return GDN_OK;
     }
     if (!p->state || !p->cache || !p->read_slots || !p->accepted) return GDN_EINVAL;

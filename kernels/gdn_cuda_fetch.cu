@@ -59,6 +59,10 @@ extern "C" gdn_status gdn__cuda_fetch_rows(const gdn__fetch_params *p, void *str
         (p->pending && (p->num_layers < 1 || p->num_slots < 1)))
         return GDN_EINVAL;
     gdn_fetch_rows_kernel<<<1, FETCH_THREADS, 0, (cudaStream_t)stream>>>(*p);
-    GDN__CUDA_TRY(cudaGetLastError());
+    GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
 }
+
+extern "C" const char *gdn__cuda_failure_detail(void) { return gdn__cuda_error_detail(); }
+
+extern "C" void gdn__cuda_fail_next_launch(void) { gdn__cuda_launch_failure_armed() = true; }

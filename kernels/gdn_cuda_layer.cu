@@ -179,20 +179,21 @@ template <typename Geo> struct token_values {
     /* Straight from the inputs, every lane group for itself (direct staging): the norms are lane-group
      * reductions; nothing waits for the rest of the CTA. */
     template <int K, typename I>
-    __device__ __forceinline__ void load_direct(const gdn__layer_params &p, int64_t tok, int kh, int h, int row0,
+    __device__ __forceinline__ void load_direct(const gdn__layer_params &p, int64_t i, int t, int kh, int h, int row0,
                                                 int glane, float A, float dt_bias)
     {
-        const int64_t qk_base = (tok * p.HK + kh) * K, gate = tok * p.HV + h;
-        const I *kp = static_cast<const I *>(p.k), *qp = static_cast<const I *>(p.q), *vp = static_cast<const I *>(p.v);
+        const I *kp = static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh);
+        const I *qp = static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh);
+        const I *vp = static_cast<const I *>(p.v) + gdn__at(p.v_strides, i, t, h);
 #pragma unroll
         for (int n = 0; n < Geo::NV; n++) {
-            gdn__load_vec<I, Geo::EV>(kp + qk_base + (n * Geo::L + glane) * Geo::EV, k[n]);
-            gdn__load_vec<I, Geo::EV>(qp + qk_base + (n * Geo::L + glane) * Geo::EV, q[n]);
+            gdn__load_vec<I, Geo::EV>(kp + (n * Geo::L + glane) * Geo::EV, k[n]);
+            gdn__load_vec<I, Geo::EV>(qp + (n * Geo::L + glane) * Geo::EV, q[n]);
         }
 #pragma unroll
-        for (int rt = 0; rt < Geo::RT; rt++) v[rt] = gdn__to_f32(vp[gate * p.V + row0 + rt * Geo::G]);
-        token_gate(gdn__to_f32(static_cast<const I *>(p.a)[gate]), gdn__to_f32(static_cast<const I *>(p.b)[gate]), A,
-                   dt_bias, g, beta);
+        for (int rt = 0; rt < Geo::RT; rt++) v[rt] = gdn__to_f32(vp[row0 + rt * Geo::G]);
+        token_gate(gdn__to_f32(static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, h)]),
+                   gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, h)]), A, dt_bias, g, beta);
         float kk = 0.0f, qq = 0.0f, kqr = 0.0f;
 #pragma unroll
         for (int n = 0; n < Geo::NV; n++)
@@ -301,27 +302,43 @@ __device__ __forceinline__ void store_shared_inputs(const gdn__layer_params &p, 
     constexpr int BATCH = 4;
     const int64_t qk = (int64_t)p.HK * K, gates = p.HV, token = gdn__token_elems(p.HK, p.HV, K, p.V);
     I *store = static_cast<I *>(p.token_store) + w * p.store_tokens * token;
-    /* k: the row's T tokens are contiguous in the input, 16-byte pieces (K * 2 bytes is a multiple
-     * of 16; inputs and stored tokens are 16-byte aligned). */
-    const int64_t pieces = qk * (int64_t)sizeof(I) / 16, all = T * pieces;
-    const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + i * T * qk);
-    for (int64_t base = threadIdx.x; base < all; base += BATCH * blockDim.x) {
+    /* k: 16-byte pieces of each (token, key head) row (K * 2 bytes is a multiple of 16; the input's
+     * heads and the stored tokens are 16-byte aligned). */
+    constexpr int head_pieces = K * (int)sizeof(I) / 16; /* a power of two */
+    const int pieces = p.HK * head_pieces, all = T * pieces; /* small: 32-bit index arithmetic */
+    for (int base = threadIdx.x; base < all; base += BATCH * blockDim.x) {
         uint4 piece[BATCH];
 #pragma unroll
-        for (int u = 0; u < BATCH; u++)
-            if (base + u * blockDim.x < all) piece[u] = __ldg(src + base + u * blockDim.x);
+        for (int u = 0; u < BATCH; u++) {
+            const int e = base + u * blockDim.x;
+            if (e < all) {
+                const int t = e / pieces, within = e - t * pieces;
+                piece[u] = __ldg(reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) +
+                                                                 gdn__at(p.k_strides, i, t, within / head_pieces)) +
+                                 within % head_pieces);
+            }
+        }
 #pragma unroll
         for (int u = 0; u < BATCH; u++) {
-            const int64_t e = base + u * blockDim.x;
-            if (e < all) reinterpret_cast<uint4 *>(store + (e / pieces) * token)[e % pieces] = piece[u];
+            const int e = base + u * blockDim.x;
+            if (e < all) {
+                const int t = e / pieces;
+                reinterpret_cast<uint4 *>(store + t * token)[e - t * pieces] = piece[u];
+            }
         }
     }
-    const I *a = static_cast<const I *>(p.a) + i * T * gates, *b = static_cast<const I *>(p.b) + i * T * gates;
-    for (int64_t base = threadIdx.x; base < T * gates; base += BATCH * blockDim.x) {
+    const I *a = static_cast<const I *>(p.a), *b = static_cast<const I *>(p.b);
+    const int all_gates = T * (int)gates;
+    for (int base = threadIdx.x; base < all_gates; base += BATCH * blockDim.x) {
         I av[BATCH], bv[BATCH];
 #pragma unroll
-        for (int u = 0; u < BATCH; u++)
-            if (base + u * blockDim.x < T * gates) av[u] = a[base + u * blockDim.x], bv[u] = b[base + u * blockDim.x];
+        for (int u = 0; u < BATCH; u++) {
+            const int e = base + u * blockDim.x;
+            if (e < all_gates) {
+                const int t = e / (int)gates, h = e - t * (int)gates;
+                av[u] = a[gdn__at(p.a_strides, i, t, h)], bv[u] = b[gdn__at(p.b_strides, i, t, h)];
+            }
+        }
 #pragma unroll
         for (int u = 0; u < BATCH; u++) {
             const int64_t e = base + u * blockDim.x;
@@ -382,8 +399,8 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
     const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
     const bool out_of_range = r >= p.num_slots || w >= p.num_slots;
     O *out = static_cast<O *>(p.out);
-    const int64_t out_token_stride = (int64_t)HV * V;
-    const int64_t out_base = (i * T * HV + h) * V; /* (i, t = 0, h, row 0) */
+    const int64_t out_token_stride = p.out_strides.token;
+    const int64_t out_base = gdn__at(p.out_strides, i, 0, h); /* (i, t = 0, h, row 0) */
 
     if (r < 0 || out_of_range) {
         if (out_of_range && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
@@ -416,9 +433,10 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
                                          cta_rows, lane);
             } else {
                 const int t = j - own0;
-                const int64_t tok = i * T + t, qk = (tok * HK + kh) * K;
-                stage_token<K, I, true>(s, j, t, static_cast<const I *>(p.k) + qk, static_cast<const I *>(p.q) + qk,
-                                        static_cast<const I *>(p.v) + (tok * HV + h) * V + tile_row0, cta_rows, lane);
+                stage_token<K, I, true>(s, j, t, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh),
+                                        static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh),
+                                        static_cast<const I *>(p.v) + gdn__at(p.v_strides, i, t, h) + tile_row0, cta_rows,
+                                        lane);
             }
         }
         gdn__copy_async_commit();
@@ -430,9 +448,8 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
                      (int64_t)HV * V + h;
                 bp = ap + HV;
             } else {
-                const int64_t gate = (i * T + (j - own0)) * HV + h;
-                ap = static_cast<const I *>(p.a) + gate;
-                bp = static_cast<const I *>(p.b) + gate;
+                ap = static_cast<const I *>(p.a) + gdn__at(p.a_strides, i, j - own0, h);
+                bp = static_cast<const I *>(p.b) + gdn__at(p.b_strides, i, j - own0, h);
             }
             a_raw = gdn__to_f32(*ap);
             b_raw = gdn__to_f32(*bp);
@@ -524,7 +541,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
         for (int t = 0; t < T; t++) {
             token_values<Geo> tv;
             if constexpr (SHARED) tv.template load_shared<true>(s, own0 + t, t, K, cta_rows, set_local_row0, glane);
-            else tv.template load_direct<K, I>(p, i * T + t, kh, h, set_row0, glane, A, dt_bias);
+            else tv.template load_direct<K, I>(p, i, t, kh, h, set_row0, glane, A, dt_bias);
             apply_token<Geo, true, DECAY_OUTSIDE>(st, decay, tv, o);
             if (glane == 0)
 #pragma unroll
@@ -595,7 +612,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         GDN__CUDA_TRY(opt_in);
     }
     kernel<<<grid, warps * 32, smem, stream>>>(*p);
-    GDN__CUDA_TRY(cudaGetLastError());
+    GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
 }
 
@@ -633,6 +650,12 @@ static gdn_status dispatch(const gdn__layer_params *p, cudaStream_t stream, bool
     GDN__LAYER_DISPATCH(launch)
 }
 
+/* True when every stride of `s` is a multiple of `elements` (keeps the alignment of the data pointer). */
+static bool strides_keep(gdn__strides s, int64_t elements)
+{
+    return s.row % elements == 0 && s.token % elements == 0 && s.head % elements == 0;
+}
+
 /* Shape and alignment checks shared by both entry points (GDN_ENOTSUP for what no instance runs). */
 static gdn_status check_shape(const gdn__layer_params *p)
 {
@@ -653,14 +676,18 @@ static gdn_status check_shape(const gdn__layer_params *p)
     /* 16-byte vector accesses: the pool, its slots and the cache rows must stay 16-byte aligned. */
     if (!gdn__aligned(p->state, 16) || (p->slot_stride * elem) % 16 != 0) return GDN_ENOTSUP;
     if (p->cache && (!gdn__aligned(p->cache, 16) || (p->cache_row_stride * elem) % 16 != 0)) return GDN_ENOTSUP;
-    if (!gdn__aligned(p->q, 16) || !gdn__aligned(p->k, 16)) return GDN_ENOTSUP;
+    if (!gdn__aligned(p->q, 16) || !gdn__aligned(p->k, 16) || !strides_keep(p->q_strides, 8) ||
+        !strides_keep(p->k_strides, 8))
+        return GDN_ENOTSUP;
+    if ((p->token_store || p->ring) && !strides_keep(p->v_strides, 2)) return GDN_ENOTSUP; /* v in 4-byte pairs */
     if (p->token_store && (!gdn__aligned(p->token_store, 16) || !gdn__aligned(p->v, 4))) return GDN_ENOTSUP; /* cp.async */
     return p->ring ? gdn__cuda_ring_step_supported(p) : dispatch(p, nullptr, false);
 }
 
-extern "C" gdn_status gdn__cuda_layer_step(const gdn__layer_params *p, void *stream)
+extern "C" gdn_status gdn__cuda_layer_step(const gdn__layer_params *params, void *stream)
 {
-    if (!p) return GDN_EINVAL;
+    if (!params) return GDN_EINVAL;
+    const gdn__layer_params resolved = gdn__layer_params_resolved(params), *p = &resolved;
     const gdn_status shape = check_shape(p);
     if (shape != GDN_OK) return shape;
     if (p->B == 0) return GDN_OK;

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
     const bool out_of_range = r >= p.num_slots || w >= p.num_slots;
     O *out = static_cast<O *>(p.out);
-    const int64_t out_token_stride = (int64_t)HV * V, out_base = (i * T * HV + head) * V;
+    const int64_t out_token_stride = p.out_strides.token, out_base = gdn__at(p.out_strides, i, 0, head);
     if (r < 0 || out_of_range) {
         if (out_of_range && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
         if (glane == 0)
@@ -174,13 +174,14 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     constexpr int CHUNKS = K * 2 / 16; /* 16-byte pieces of a raw k or q row */
     for (int c = threadIdx.x; c < 2 * T * CHUNKS; c += blockDim.x) {
         const int m = c / CHUNKS, piece = c % CHUNKS, t = m % T;
-        const I *from = static_cast<const I *>(m < T ? p.k : p.q) + ((i * T + t) * HK + kh) * K;
+        const I *from = m < T ? static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh)
+                              : static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh);
         gdn__copy_async16(s.raw + (size_t)(C + m) * K + piece * 8, reinterpret_cast<const char *>(from) + piece * 16);
     }
     float own_a = 0.0f, own_b = 0.0f;
     if ((int)threadIdx.x < T) {
-        own_a = gdn__to_f32(static_cast<const I *>(p.a)[(i * T + threadIdx.x) * HV + head]);
-        own_b = gdn__to_f32(static_cast<const I *>(p.b)[(i * T + threadIdx.x) * HV + head]);
+        own_a = gdn__to_f32(static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, threadIdx.x, head)]);
+        own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, threadIdx.x, head)]);
     }
 
     const int h = min(max(p.ring_count[r], 0), C);
@@ -225,7 +226,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     }
     for (int e = threadIdx.x; e < T * span_rows; e += blockDim.x) {
         const int t = e / span_rows, row = e % span_rows;
-        s.vown[e] = gdn__to_f32(static_cast<const I *>(p.v)[((i * T + t) * HV + head) * V + tile_row0 + row]);
+        s.vown[e] = gdn__to_f32(static_cast<const I *>(p.v)[gdn__at(p.v_strides, i, t, head) + tile_row0 + row]);
     }
     gdn__copy_async_wait_all();
     __syncthreads();
@@ -389,7 +390,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
             }
         for (int t = threadIdx.x; t < T; t += blockDim.x)
             reinterpret_cast<I *>(ring_w + (base + t) * record_bytes + a_offset)[head] =
-                static_cast<const I *>(p.a)[(i * T + t) * HV + head];
+                static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, head)];
     }
 
     __shared__ int last_cta;
@@ -397,13 +398,15 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     __syncthreads();
     if (!last_cta) return;
     if (overwrites_read_records) {
-        const int64_t qk_pieces = (int64_t)HK * K * 2 / 16;
-        const uint4 *k_in = reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + i * T * HK * K);
-        for (int64_t c = threadIdx.x; c < T * qk_pieces; c += blockDim.x)
-            reinterpret_cast<uint4 *>(ring_w + (base + c / qk_pieces) * record_bytes)[c % qk_pieces] = k_in[c];
+        const int64_t head_pieces = (int64_t)K * 2 / 16, qk_pieces = HK * head_pieces;
+        for (int64_t c = threadIdx.x; c < T * qk_pieces; c += blockDim.x) {
+            const int t = (int)(c / qk_pieces), key_head = (int)(c % qk_pieces / head_pieces);
+            reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes)[c % qk_pieces] =
+                reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, key_head))[c % head_pieces];
+        }
         for (int64_t c = threadIdx.x; c < (int64_t)T * HV; c += blockDim.x)
             reinterpret_cast<I *>(ring_w + (base + c / HV) * record_bytes + a_offset)[c % HV] =
-                static_cast<const I *>(p.a)[i * T * HV + c];
+                static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, c / HV, c % HV)];
     }
     if (threadIdx.x == 0) {
         p.ring_count[w] = verify ? base : (keep ? h + 1 : 0);
@@ -453,7 +456,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         GDN__CUDA_TRY(opt_in);
     }
     kernel<<<grid, warps * 32, smem, stream>>>(*p, passes);
-    GDN__CUDA_TRY(cudaGetLastError());
+    GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
 }
 

@@ -60,6 +60,26 @@ extern "C" {
 #define GDN__HOST_DEVICE
 #endif
 
+/* Where element (row i, token t, head h, 0) of a per-token tensor lies, in elements from its start:
+ * i * row + t * token + h * head (the last dimension contiguous; SPEC 2's strided views). A dense
+ * [B, T, H, D] tensor has head = D, token = H * D, row = T * H * D. */
+typedef struct gdn__strides {
+    int64_t row, token, head;
+} gdn__strides;
+
+static inline GDN__HOST_DEVICE int64_t gdn__at(gdn__strides s, int64_t i, int64_t t, int64_t h)
+{
+    return i * s.row + t * s.token + h * s.head;
+}
+static inline GDN__HOST_DEVICE gdn__strides gdn__dense(int32_t T, int32_t H, int32_t D)
+{
+    gdn__strides s;
+    s.head = D;
+    s.token = (int64_t)H * D;
+    s.row = (int64_t)T * H * D;
+    return s;
+}
+
 typedef struct gdn__layer_params {
     /* Geometry. */
     int32_t B;  /* rows (a padded bucket: padding rows have read_slots[i] < 0) */
@@ -68,13 +88,16 @@ typedef struct gdn__layer_params {
     float scale;           /* already resolved: never 0 here */
     int32_t use_qk_l2norm;
 
-    /* Inputs, dense row-major. */
+    /* Inputs, views with the strides beside them (gdn__dense for dense tensors). The CUDA kernels
+     * copy q, k (and, for the replay store, v) in 16-byte pieces: their data and strides keep every
+     * head 16-byte aligned there. */
     gdn_dtype input_dtype; /* BF16 or F16 for q, k, v, a, b */
     const void *q;         /* [B, T, HK, K] */
     const void *k;         /* [B, T, HK, K] */
     const void *v;         /* [B, T, HV, V] */
-    const void *a;         /* [B, T, HV] */
-    const void *b;         /* [B, T, HV] */
+    const void *a;         /* [B, T, HV] (D = 1) */
+    const void *b;         /* [B, T, HV] (D = 1) */
+    gdn__strides q_strides, k_strides, v_strides, a_strides, b_strides;
     const float *A_log;    /* [HV] fp32 */
     const float *dt_bias;  /* [HV] fp32 */
 
@@ -86,9 +109,10 @@ typedef struct gdn__layer_params {
     const int32_t *read_slots;  /* [B] */
     const int32_t *write_slots; /* [B] or NULL */
 
-    /* Output [B, T, HV, V]. */
+    /* Output [B, T, HV, V], a view. */
     gdn_dtype output_dtype; /* BF16 or F32 */
     void *out;
+    gdn__strides out_strides;
 
     /* Verify cache [B_cache, cache_tokens, HV, V, K] in state_dtype, indexed by batch row; NULL for an
      * in-place update. cache_row_stride = cache_tokens * HV * V * K elements. */
@@ -111,6 +135,24 @@ typedef struct gdn__layer_params {
     int32_t ring_length;       /* L: a decode writes the state back when its ring would hold L records */
     int32_t *ring_count;       /* [num_slots] records in each slot's ring (this layer) */
 } gdn__layer_params;
+
+/* A copy of `in` whose all-zero stride sets are dense (the zero value means "dense", so that callers
+ * that build dense parameters need not spell the strides out). Host and device. */
+static inline GDN__HOST_DEVICE gdn__strides gdn__strides_or_dense(gdn__strides s, int32_t T, int32_t H, int32_t D)
+{
+    return s.row == 0 && s.token == 0 && s.head == 0 ? gdn__dense(T, H, D) : s;
+}
+static inline GDN__HOST_DEVICE gdn__layer_params gdn__layer_params_resolved(const gdn__layer_params *in)
+{
+    gdn__layer_params p = *in;
+    p.q_strides = gdn__strides_or_dense(p.q_strides, p.T, p.HK, p.K);
+    p.k_strides = gdn__strides_or_dense(p.k_strides, p.T, p.HK, p.K);
+    p.v_strides = gdn__strides_or_dense(p.v_strides, p.T, p.HV, p.V);
+    p.a_strides = gdn__strides_or_dense(p.a_strides, p.T, p.HV, 1);
+    p.b_strides = gdn__strides_or_dense(p.b_strides, p.T, p.HV, 1);
+    p.out_strides = gdn__strides_or_dense(p.out_strides, p.T, p.HV, p.V);
+    return p;
+}
 
 /* One ring record: k [HK, K] and a [HV] in the input dtype (2-byte), padded to 16 bytes, then u
  * [HV, V] fp32. Offsets in bytes; every part starts 16-byte aligned. */

@@ -43,6 +43,7 @@ if want tests; then
     sanitize memcheck test_gpu_kernels others '!(gpu_kernels/qwen3_5*)'
     sanitize memcheck test_gpu_engine ""
     sanitize memcheck test_gpu_replay ""
+    sanitize memcheck test_gpu_op ""
 fi
 if want racecheck; then
     sanitize racecheck test_gpu_kernels qwen3_5 'gpu_kernels/qwen3_5*'
@@ -52,6 +53,7 @@ if want racecheck; then
         sanitize racecheck test_gpu_replay $test "gpu_replay/$test*"
     done
     sanitize racecheck test_gpu_replay ring_directed "gpu_replay/ring_[afnrw]*"
+    sanitize racecheck test_gpu_op ""
 fi
 wait
 # A sanitizer cut at the limit can leave its target running on the GPU, which would skew the benches.

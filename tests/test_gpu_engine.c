@@ -12,6 +12,7 @@
 
 #include "engine/alloc.h"
 #include "engine/backend_impl.h"
+#include "kernels/gdn_cuda.h"
 #include "scenario.h"
 #include "support.h"
 
@@ -317,6 +318,31 @@ Test(gpu_engine, replay_strategy_runs_on_the_gpu_with_auto_backend)
     cr_assert_eq(gdn_engine_memory(e, &m), GDN_OK);
     cr_assert_eq(m.verify_cache, 0, "replay keeps no per-token states");
     cr_assert_gt(m.token_store, 0);
+    gdn_engine_destroy(e);
+}
+
+/* A launch that fails reports its CUDA text through gdn_engine_last_error (the launchers consume the
+ * error with cudaGetLastError; the text must survive that). The hook makes the next launch a real
+ * failing one (an empty grid). */
+Test(gpu_engine, a_failed_launch_keeps_its_cuda_text)
+{
+    test_require_gpu();
+    gdn_engine_config c = test_config("tiny", 1, GDN_DTYPE_F32, 4, 4, 2);
+    c.backend = GDN_BACKEND_CUDA;
+    c.graph_mode = GDN_GRAPHS_OFF;
+    gdn_engine *e = NULL;
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
+    int32_t slot;
+    cr_assert_eq(gdn_slot_alloc(e, &slot), GDN_OK);
+    gdn_step step = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 1, .slots = &slot};
+    cr_assert_eq(gdn_engine_begin_step(e, &step, NULL, NULL), GDN_OK);
+    cr_assert_str_eq(gdn_engine_last_error(e), "");
+    gdn__cuda_fail_next_launch();
+    cr_assert_eq(gdn_engine_run_layer(e, 0, NULL), GDN_ECUDA);
+    const char *text = gdn_engine_last_error(e);
+    /* (Before the fix the launcher had consumed the error and the text read "no error".) */
+    cr_assert(strstr(text, "invalid") != NULL && strstr(text, "no error") == NULL, "last_error: '%s'", text);
+    cr_assert(strstr(text, "gdn__cuda_") != NULL, "the failing launcher is named: '%s'", text);
     gdn_engine_destroy(e);
 }
 

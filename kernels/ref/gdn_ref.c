@@ -135,13 +135,18 @@ static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot
     const int64_t token = gdn__token_elems(p->HK, p->HV, p->K, p->V);
     const int64_t qk = (int64_t)p->HK * p->K, vv = (int64_t)p->HV * p->V;
     for (int32_t t = 0; t < p->T; t++) {
-        const int64_t tok = (int64_t)i * p->T + t;
         char *dst = (char *)p->token_store + (size_t)((slot * p->store_tokens + t) * token) * esize;
-        memcpy(dst, (const char *)p->k + (size_t)(tok * qk) * esize, (size_t)qk * esize);
-        memcpy(dst + (size_t)qk * esize, (const char *)p->v + (size_t)(tok * vv) * esize, (size_t)vv * esize);
-        memcpy(dst + (size_t)(qk + vv) * esize, (const char *)p->a + (size_t)(tok * p->HV) * esize, (size_t)p->HV * esize);
-        memcpy(dst + (size_t)(qk + vv + p->HV) * esize, (const char *)p->b + (size_t)(tok * p->HV) * esize,
-               (size_t)p->HV * esize);
+        for (int32_t kh = 0; kh < p->HK; kh++)
+            memcpy(dst + (size_t)kh * p->K * esize, (const char *)p->k + (size_t)gdn__at(p->k_strides, i, t, kh) * esize,
+                   (size_t)p->K * esize);
+        for (int32_t h = 0; h < p->HV; h++) {
+            memcpy(dst + (size_t)(qk + (int64_t)h * p->V) * esize,
+                   (const char *)p->v + (size_t)gdn__at(p->v_strides, i, t, h) * esize, (size_t)p->V * esize);
+            memcpy(dst + (size_t)(qk + vv + h) * esize, (const char *)p->a + (size_t)gdn__at(p->a_strides, i, t, h) * esize,
+                   esize);
+            memcpy(dst + (size_t)(qk + vv + p->HV + h) * esize,
+                   (const char *)p->b + (size_t)gdn__at(p->b_strides, i, t, h) * esize, esize);
+        }
     }
 }
 
@@ -170,13 +175,14 @@ static void apply_ring_record(const gdn__layer_params *p, int64_t slot, int32_t 
 static void store_ring_inputs(const gdn__layer_params *p, int32_t i, int64_t slot, int32_t base)
 {
     const size_t esize = gdn_dtype_size(p->input_dtype);
-    const int64_t qk = (int64_t)p->HK * p->K;
     for (int32_t t = 0; t < p->T; t++) {
-        const int64_t tok = (int64_t)i * p->T + t;
         char *rec = ring_record(p, slot, base + t);
-        memcpy(rec, (const char *)p->k + (size_t)(tok * qk) * esize, (size_t)qk * esize);
-        memcpy(rec + gdn__ring_a_offset(p->HK, p->K), (const char *)p->a + (size_t)(tok * p->HV) * esize,
-               (size_t)p->HV * esize);
+        for (int32_t kh = 0; kh < p->HK; kh++)
+            memcpy(rec + (size_t)kh * p->K * esize, (const char *)p->k + (size_t)gdn__at(p->k_strides, i, t, kh) * esize,
+                   (size_t)p->K * esize);
+        for (int32_t h = 0; h < p->HV; h++)
+            memcpy(rec + gdn__ring_a_offset(p->HK, p->K) + (size_t)h * esize,
+                   (const char *)p->a + (size_t)gdn__at(p->a_strides, i, t, h) * esize, esize);
     }
 }
 
@@ -200,12 +206,12 @@ static ring_plan plan_ring_row(const gdn__layer_params *p, int64_t r, int64_t w)
     return plan;
 }
 
-void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
+void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
 {
+    const gdn__layer_params resolved = gdn__layer_params_resolved(params), *p = &resolved;
     const int32_t T = p->T, HK = p->HK, HV = p->HV, K = p->K, V = p->V;
     const int32_t heads_per_key = HV / HK;
     const int64_t state_elems = (int64_t)V * K;
-    const int64_t qk_token = (int64_t)HK * K, v_token = (int64_t)HV * V;
     double *S = scratch;
     double *q = S + state_elems;
     double *k = q + (int64_t)T * K;
@@ -223,7 +229,7 @@ void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
         const int padding = r < 0 || out_of_range;
         const ring_plan plan = p->ring && !padding ? plan_ring_row(p, r, w) : (ring_plan){0, 0, 0, 0};
         for (int32_t h = 0; h < HV; h++) {
-            const int64_t out_row = ((int64_t)i * T * HV + h) * V; /* token 0 of (i, h) */
+            const int64_t out_row = gdn__at(p->out_strides, i, 0, h), v_token = p->out_strides.token;
             if (padding) {
                 for (int32_t t = 0; t < T; t++)
                     for (int32_t c = 0; c < V; c++)
@@ -232,12 +238,11 @@ void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch)
             }
             const int32_t kh = h / heads_per_key;
             for (int32_t t = 0; t < T; t++) {
-                const int64_t tok = (int64_t)i * T + t;
-                widen(p->q, p->input_dtype, tok * qk_token + (int64_t)kh * K, K, q + (int64_t)t * K);
-                widen(p->k, p->input_dtype, tok * qk_token + (int64_t)kh * K, K, k + (int64_t)t * K);
-                widen(p->v, p->input_dtype, tok * v_token + (int64_t)h * V, V, v + (int64_t)t * V);
-                a[t] = gdn__load_f32(p->a, p->input_dtype, tok * HV + h);
-                b[t] = gdn__load_f32(p->b, p->input_dtype, tok * HV + h);
+                widen(p->q, p->input_dtype, gdn__at(p->q_strides, i, t, kh), K, q + (int64_t)t * K);
+                widen(p->k, p->input_dtype, gdn__at(p->k_strides, i, t, kh), K, k + (int64_t)t * K);
+                widen(p->v, p->input_dtype, gdn__at(p->v_strides, i, t, h), V, v + (int64_t)t * V);
+                a[t] = gdn__load_f32(p->a, p->input_dtype, gdn__at(p->a_strides, i, t, h));
+                b[t] = gdn__load_f32(p->b, p->input_dtype, gdn__at(p->b_strides, i, t, h));
             }
             widen(p->state, p->state_dtype, r * p->slot_stride + h * state_elems, state_elems, S);
             if (p->ring) { /* ring: S_h, then the tokens (their corrections kept as records) */

@@ -1,0 +1,102 @@
+/*
+ * gdn-engine op layer: the GDN layer step and its commit as stateless operations over memory the
+ * caller owns: its q, k, v, a, b and output tensors (strided views, SPEC 2), its state pool, its slot
+ * arrays in backend memory, and the verify strategy's memory (the "workspace", sized by
+ * gdn_op_workspace_bytes). An op allocates nothing, never synchronises, and enqueues only kernels on
+ * the given stream, so it is valid inside any CUDA stream capture (the caller's own graphs). The
+ * engine (gdn.h) is the managed level above: pools, buckets, slot allocation, graph table.
+ *
+ * Backends. GDN_BACKEND_CUDA: every pointer is device memory of the current CUDA device and `stream`
+ * is a cudaStream_t (NULL: the legacy default stream). GDN_BACKEND_CPU: every pointer is host memory,
+ * the float64 reference runs before the call returns, `stream` is ignored. AUTO is refused (an op
+ * does not guess where its pointers live).
+ *
+ * Semantics: SPEC 1 (the math) and 3 (slots, padding, verify and commit under each strategy). Row i
+ * reads slot read_slots[i] and writes write_slots[i] (NULL: the same); a negative read slot is a
+ * padding row (zero output, no state touched); a slot >= pool.num_slots is treated as padding and
+ * sets *error_flag (when not NULL).
+ */
+#ifndef GDN_GDN_OP_H
+#define GDN_GDN_OP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gdn/gdn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * A per-token tensor where it lies: element (row i, token t, head h, d) is at
+ * data + i * row_stride + t * token_stride + h * head_stride + d, in elements of its dtype (the last
+ * dimension contiguous). All three strides 0 means dense [batch, tokens, heads, D]. A column slice of
+ * a fused projection output [B, T, N] is (data + first column, T * N, N, D). On CUDA, q and k (and v
+ * under the replay and ring strategies) are read in 16-byte pieces: their data and strides must keep
+ * every head 16-byte aligned (v: 4-byte), else the op returns GDN_ENOTSUP.
+ */
+typedef struct gdn_view {
+    void *data;
+    int64_t row_stride;
+    int64_t token_stride;
+    int64_t head_stride;
+} gdn_view;
+
+/* One layer step. */
+typedef struct gdn_op_layer {
+    gdn_backend_kind backend; /* CPU or CUDA */
+    gdn_model_config model;   /* heads, head dims, scale (0: K^-0.5), l2norm; num_layers is ignored */
+    gdn_dtype input_dtype;    /* BF16 or F16: q, k, v, a, b */
+    gdn_dtype output_dtype;   /* BF16 or F32 */
+    gdn_step_kind kind;       /* DECODE (T = 1) or VERIFY */
+    int32_t tokens;           /* T */
+    int32_t batch;            /* rows, >= 0 */
+    gdn_view q, k, v, a, b;   /* [batch, T, HK, K] x 2, [batch, T, HV, V], [batch, T, HV] x 2 */
+    gdn_view o;               /* [batch, T, HV, V] output */
+    const float *A_log;       /* [HV] */
+    const float *dt_bias;     /* [HV] */
+    gdn_state_pool pool;      /* the caller's pool (dtype F32 or BF16; slot_stride >= HV * V * K) */
+    const int32_t *read_slots;  /* backend memory [batch] */
+    const int32_t *write_slots; /* backend memory [batch], or NULL */
+    int32_t *error_flag;        /* backend memory, sticky, or NULL */
+
+    /* The verify strategy and its memory: CACHE (a verify writes every token's state into the
+     * workspace, commit copies the accepted one into the pool), REPLAY or RING (gdn.h describes
+     * both). The workspace is the strategy's memory for this layer, gdn_op_workspace_bytes() bytes,
+     * zero-filled before first use and then only touched by ops with the same shape fields. */
+    gdn_verify_strategy strategy;
+    void *workspace;
+    int32_t max_batch;   /* the workspace's shape: most rows, most tokens, ring length (0: 16) */
+    int32_t max_tokens;
+    int32_t ring_length;
+} gdn_op_layer;
+
+/*
+ * Bytes of workspace `op` needs (only backend, model, dtypes, pool.dtype, pool.num_slots, strategy,
+ * max_batch, max_tokens and ring_length are read). 0 for an invalid description (gdn_op_layer_step
+ * on it says why).
+ */
+GDN_API size_t gdn_op_workspace_bytes(const gdn_op_layer *op);
+
+/*
+ * Runs the layer step on `stream`: outputs into o; under CACHE a decode writes the pool and a verify
+ * the workspace; REPLAY and RING as in gdn.h. Returns, changing nothing: GDN_EINVAL (NULL op or a
+ * required pointer, AUTO backend, AUTO strategy, a model or dtype outside gdn.h's ranges),
+ * GDN_ESTEP_KIND, GDN_ESTEP_TOKENS (decode with T != 1, verify outside 1..max_tokens),
+ * GDN_ESTEP_BATCH (batch < 0 or > max_batch), GDN_ENOTSUP (alignment on CUDA), GDN_ENODEV (CUDA in a
+ * build without it); GDN_ECUDA when the launch fails.
+ */
+GDN_API gdn_status gdn_op_layer_step(const gdn_op_layer *op, void *stream);
+
+/*
+ * Commits the verify step that `op` describes (the same fields as its gdn_op_layer_step): row i
+ * advances by accepted[i] tokens (backend memory [batch], clamped to 0..T). Same errors.
+ */
+GDN_API gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GDN_GDN_OP_H */
