@@ -14,6 +14,7 @@
 #include "engine/backend_impl.h"
 #include "kernels/gdn_cuda.h"
 #include "scenario.h"
+#include "serving_loop_check.h"
 #include "support.h"
 
 #ifdef GDN_HAVE_CUDA
@@ -344,6 +345,16 @@ Test(gpu_engine, a_failed_launch_keeps_its_cuda_text)
     cr_assert(strstr(text, "invalid") != NULL && strstr(text, "no error") == NULL, "last_error: '%s'", text);
     cr_assert(strstr(text, "gdn__cuda_") != NULL, "the failing launcher is named: '%s'", text);
     gdn_engine_destroy(e);
+}
+
+/* The serving-loop check (tests/serving_loop_check.c) on the GPU, both strategies it models. */
+Test(gpu_engine, serving_loop_matches_the_reference, .timeout = 600)
+{
+    test_require_gpu();
+    char *cache[] = {"check", "--backend", "cuda", "--steps", "96", "--verify", "cache", "--preset", "qwen3-next"};
+    cr_assert_eq(gdn_serving_loop_check(9, cache), 0);
+    char *replay[] = {"check", "--backend", "cuda", "--steps", "96", "--verify", "replay", "--state", "bf16"};
+    cr_assert_eq(gdn_serving_loop_check(9, replay), 0);
 }
 
 Test(gpu_engine, k_not_equal_v_and_l2norm_off)

@@ -1,0 +1,24 @@
+/*
+ * The serving loop (admission with written and zeroed states, mixed decode and verify steps over
+ * changing batches, commits, retirement) checked against the float64 reference on the CPU backend:
+ * the check that the serving-loop example carried before it moved to the public API only. The GPU
+ * twin is in test_gpu_engine.c.
+ */
+#include <criterion/criterion.h>
+
+#include "serving_loop_check.h"
+
+static int run(const char *verify, const char *state)
+{
+    char *argv[] = {"serving-loop-check", "--backend", "cpu", "--steps", "48", "--verify", (char *)verify,
+                    "--state", (char *)state, "--check-every", "12"};
+    return gdn_serving_loop_check((int)(sizeof argv / sizeof argv[0]), argv);
+}
+
+Test(serving_loop, cache_strategy_fp32_state_matches_the_reference) { cr_assert_eq(run("cache", "f32"), 0); }
+Test(serving_loop, replay_strategy_bf16_state_matches_the_reference) { cr_assert_eq(run("replay", "bf16"), 0); }
+Test(serving_loop, bad_arguments_are_refused)
+{
+    char *argv[] = {"serving-loop-check", "--steps", "-3"};
+    cr_assert_eq(gdn_serving_loop_check(3, argv), 2);
+}
