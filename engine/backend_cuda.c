@@ -189,6 +189,17 @@ static void cuda_destroy(void *ctx)
     gdn__free(cu);
 }
 
+static int cuda_stream_capturing(void *ctx, void *stream)
+{
+    (void)ctx;
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &status) != cudaSuccess) {
+        cudaGetLastError(); /* an invalidated capture reports an error here: it is still not ours */
+        return 1;
+    }
+    return status != cudaStreamCaptureStatusNone;
+}
+
 static const gdn__backend_iface cuda_iface = {
     .kind = GDN_BACKEND_CUDA,
     .name = "cuda",
@@ -202,6 +213,7 @@ static const gdn__backend_iface cuda_iface = {
     .consume_rows = cuda_consume_rows,
     .layer_step = cuda_layer_step,
     .commit = cuda_commit,
+    .stream_capturing = cuda_stream_capturing,
     .synchronize = cuda_synchronize,
     .capture_begin = cuda_capture_begin,
     .capture_end = cuda_capture_end,

@@ -49,6 +49,9 @@ typedef struct gdn__backend_iface {
     gdn_status (*capture_end)(void *ctx, int keep, void **graph);
     gdn_status (*graph_launch)(void *ctx, void *graph, void *stream);
     void (*graph_destroy)(void *ctx, void *graph);
+    /* (optional) Nonzero when `stream` is being captured into a graph that the engine is not
+     * capturing itself (NULL on backends without graphs). */
+    int (*stream_capturing)(void *ctx, void *stream);
     /* The last runtime error as text, "" if none. */
     const char *(*last_error)(const void *ctx);
     /* Frees the context (all backend memory must already be freed). */

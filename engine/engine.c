@@ -25,6 +25,7 @@ typedef struct step_state {
     int rows_fetched;       /* the step's first work (the device copy of its rows) was launched */
     int32_t layers_done;    /* distinct layers run */
     int committed;
+    int caller_work;        /* GDN_STEP_CALLER_WORK: the caller enqueues the work; bookkeeping done */
 } step_state;
 
 struct gdn_engine {
@@ -388,6 +389,14 @@ static gdn_status clear_pending(gdn_engine *e, int32_t slot, void *stream)
 
 static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens,
                               int32_t bucket, gdn__layer_params *p);
+static void rows_consumed(gdn_engine *e);
+
+/* A stream that a capture the engine did not start is recording: engine-tracked calls refuse it. */
+static int caller_capturing(const gdn_engine *e, void *stream)
+{
+    const gdn__backend_iface *b = e->backend.iface;
+    return !e->capturing && b->stream_capturing && b->stream_capturing(e->backend.ctx, stream);
+}
 
 /* Replay: folds the slot's pending tokens of one layer into that layer's state (a zero-token step
  * of the one slot), synchronously. Layers keep their own pending counts, so the others stay as they
@@ -417,6 +426,7 @@ gdn_status gdn_slot_reset(gdn_engine *e, int32_t slot, void *stream)
     /* A reset between begin and a layer would change the state that layer reads; between a verify
      * and its commit it would be lost (cache) or mixed with the accepted tokens (replay, ring). */
     if (step_needs_slot(e, slot)) return GDN_ESLOT_BUSY;
+    if (caller_capturing(e, stream)) return GDN_EMISUSE;
     for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++)
         status = e->backend.iface->zero(e->backend.ctx, slot_state(e, l, slot), slot_state_bytes(e), stream);
     return status == GDN_OK ? clear_pending(e, slot, stream) : status;
@@ -496,12 +506,14 @@ gdn_status gdn_engine_download(gdn_engine *e, void *dst, const void *src, size_t
 gdn_status gdn_engine_synchronize(gdn_engine *e, void *stream)
 {
     if (!e) return GDN_EINVAL;
+    if (caller_capturing(e, stream)) return GDN_EMISUSE;
     return e->backend.iface->synchronize(e->backend.ctx, stream);
 }
 
 gdn_status gdn_engine_check_device_error(gdn_engine *e, void *stream)
 {
     if (!e) return GDN_EINVAL;
+    if (caller_capturing(e, stream)) return GDN_EMISUSE;
     const gdn__backend_iface *b = e->backend.iface;
     int32_t flag = 0;
     gdn_status status = b->download(e->backend.ctx, &flag, error_flag_buffer(e), sizeof flag, stream);
@@ -527,8 +539,9 @@ static int32_t bucket_index_of(const gdn_engine_config *c, int32_t bucket)
 gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stream, int32_t *bucket_out)
 {
     if (!e || !step) return GDN_EINVAL;
-    if (e->capturing) return GDN_EMISUSE;
+    if (e->capturing || (step->flags & ~GDN_STEP_CALLER_WORK) != 0) return GDN_EMISUSE;
     const gdn_engine_config *c = &e->config;
+    const int caller_work = (step->flags & GDN_STEP_CALLER_WORK) != 0;
     if (step->kind != GDN_STEP_DECODE && step->kind != GDN_STEP_VERIFY) return GDN_ESTEP_KIND;
     if (step->batch < 0 || step->batch > c->max_batch) return GDN_ESTEP_BATCH;
     if (step->batch > 0 && !step->slots) return GDN_EINVAL;
@@ -546,7 +559,7 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
         staged_write[i] = live ? (step->write_slots ? step->write_slots[i] : step->slots[i]) : -1;
     }
     (void)stream; /* the rows reach the device with the step's first work (fetch_rows) */
-    if (step->batch > 0) {
+    if (step->batch > 0 || caller_work) { /* the caller's graph fetches rows whatever the batch */
         status = e->backend.iface->stage_rows(e->backend.ctx, staged_read, 2 * bucket, e->clear_list, e->clear_count);
         if (status != GDN_OK) {
             e->step.active = 0; /* the staging may be half-written: no step can run on it */
@@ -561,8 +574,16 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
         .batch = step->batch,
         .bucket = bucket,
         .bucket_index = bucket_index_of(c, bucket),
+        .caller_work = caller_work,
     };
     memset(e->layer_ran, 0, (size_t)c->model.num_layers);
+    if (caller_work) { /* all bookkeeping now: the caller's work consumes the staged rows */
+        rows_consumed(e);
+        e->step.rows_fetched = 1;
+        memset(e->layer_ran, 1, (size_t)c->model.num_layers);
+        e->step.layers_done = c->model.num_layers;
+        e->step.committed = step->kind == GDN_STEP_VERIFY;
+    }
     if (bucket_out) *bucket_out = bucket;
     return GDN_OK;
 }
@@ -687,7 +708,8 @@ gdn_status gdn_engine_run_layer(gdn_engine *e, int32_t layer, void *stream)
     if (!e) return GDN_EINVAL;
     if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
     if (e->capturing) return capture_layer(e, layer, stream);
-    if (!e->step.active || e->step.committed || e->layer_ran[layer]) return GDN_EMISUSE;
+    if (!e->step.active || e->step.committed || e->layer_ran[layer] || e->step.caller_work) return GDN_EMISUSE;
+    if (caller_capturing(e, stream)) return GDN_EMISUSE;
     if (e->step.batch > 0) { /* an empty step touches nothing */
         gdn_status status = ensure_rows(e, stream);
         if (status != GDN_OK) return status;
@@ -771,6 +793,7 @@ gdn_status gdn_engine_run_step(gdn_engine *e, void *stream)
 {
     if (!e) return GDN_EINVAL;
     if (e->capturing || !e->step.active || e->step.committed || e->step.layers_done > 0) return GDN_EMISUSE;
+    if (caller_capturing(e, stream)) return GDN_EMISUSE;
     step_state *st = &e->step;
     const int32_t L = e->config.model.num_layers;
     if (st->batch == 0) { /* nothing to run: an empty step touches nothing */
@@ -817,6 +840,7 @@ gdn_status gdn_engine_commit(gdn_engine *e, void *stream)
     const int all_layers_ran = e->step.layers_done == c->model.num_layers;
     if (!e->step.active || e->step.kind != GDN_STEP_VERIFY || e->step.committed || !all_layers_ran)
         return GDN_EMISUSE;
+    if (caller_capturing(e, stream)) return GDN_EMISUSE;
     if (e->step.batch > 0 && e->use_graphs) { /* a one-node graph: cheaper to launch than the kernel */
         const gdn__graph_key key = gdn__graph_key_make(GDN__GRAPH_COMMIT, e->step.tokens, e->step.bucket);
         gdn__graph_entry *entry = gdn__graph_cache_find(&e->graphs, &key, e->step.bucket_index);
@@ -834,4 +858,36 @@ gdn_status gdn_engine_commit(gdn_engine *e, void *stream)
     }
     e->step.committed = 1;
     return GDN_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Caller-owned work (GDN_STEP_CALLER_WORK): pure enqueues for the begun step's shape                 */
+/* ---------------------------------------------------------------------------------------------- */
+
+static int caller_work_step(const gdn_engine *e) { return !e->capturing && e->step.active && e->step.caller_work; }
+
+gdn_status gdn_engine_enqueue_rows(gdn_engine *e, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    if (!caller_work_step(e)) return GDN_EMISUSE;
+    return fetch_staged_rows(e, stream);
+}
+
+gdn_status gdn_engine_enqueue_layer(gdn_engine *e, int32_t layer, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
+    if (!caller_work_step(e)) return GDN_EMISUSE;
+    gdn__layer_params params;
+    fill_layer_params(e, layer, e->step.kind, e->step.tokens, e->step.bucket, &params);
+    return e->backend.iface->layer_step(e->backend.ctx, &params, stream);
+}
+
+gdn_status gdn_engine_enqueue_commit(gdn_engine *e, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    if (!caller_work_step(e) || e->step.kind != GDN_STEP_VERIFY) return GDN_EMISUSE;
+    gdn__commit_params p;
+    fill_commit_params(e, e->step.tokens, e->step.bucket, &p);
+    return e->backend.iface->commit(e->backend.ctx, &p, stream);
 }

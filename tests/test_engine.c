@@ -790,3 +790,125 @@ Test(engine, null_engine_queries_are_safe)
 }
 
 Test(engine, k_not_equal_v_and_l2norm_off) { run_odd_geometry_steps(GDN_BACKEND_CPU); }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Caller-owned work (GDN_STEP_CALLER_WORK)                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Twin engines, one driven the ordinary way (run_step, commit), one with caller-owned work
+ * (begin_step with GDN_STEP_CALLER_WORK, then enqueue_rows, the layers in reverse order, and the
+ * commit), over steps with padding, forks, every accepted count and slots freed and reused (their
+ * pending tokens / ring records cleared by the next step's fetch): outputs and raw pools bit-exact. */
+static void caller_work_matches_engine_work(gdn_verify_strategy strategy, uint64_t seed)
+{
+    gdn_engine_config c = test_config("tiny", 2, GDN_DTYPE_F32, 10, 6, 3);
+    c.verify_strategy = strategy;
+    c.ring_length = 4;
+    gdn_engine *e[2];
+    for (int k = 0; k < 2; k++) {
+        test_rng rng = test_rng_seeded(seed);
+        e[k] = test_engine_create(&c, &rng, NULL);
+        for (int32_t s = 0; s < 10; s++) {
+            int32_t slot;
+            cr_assert_eq(gdn_slot_alloc(e[k], &slot), GDN_OK);
+            test_fill_slot_state(e[k], slot, &rng);
+        }
+    }
+    test_rng plan = test_rng_seeded(seed + 1);
+    for (int step = 0; step < 24; step++) {
+        const int verify = step % 3 != 2;
+        const int32_t T = verify ? 1 + test_rng_below(&plan, 3) : 1, B = test_rng_below(&plan, 7);
+        int32_t rows[6], writes[6], accepted[6], used[10] = {0};
+        for (int32_t i = 0; i < B; i++) {
+            int32_t s;
+            do s = test_rng_below(&plan, 10);
+            while (used[s]);
+            used[s] = 1;
+            rows[i] = test_rng_below(&plan, 6) == 0 ? -1 : s;
+            writes[i] = rows[i];
+            accepted[i] = test_rng_below(&plan, T + 1);
+        }
+        int fork = 0;
+        for (int32_t s = 0; s < 10 && B > 0 && rows[0] >= 0 && step % 4 == 1; s++)
+            if (!used[s]) writes[0] = s, fork = 1, s = 10;
+        for (int k = 0; k < 2; k++) {
+            test_rng inputs = test_rng_seeded(seed * 100 + (uint64_t)step);
+            for (int32_t l = 0; l < 2; l++) {
+                test_inputs in;
+                test_write_inputs(e[k], l, B, T, &inputs, &in);
+                test_inputs_free(&in);
+                test_poison_outputs(e[k], l);
+            }
+            gdn_step st = {.kind = verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, .tokens = T, .batch = B, .slots = rows,
+                           .write_slots = fork ? writes : NULL, .flags = k == 1 ? GDN_STEP_CALLER_WORK : 0};
+            cr_assert_eq(gdn_engine_begin_step(e[k], &st, NULL, NULL), GDN_OK);
+            if (k == 0) {
+                cr_assert_eq(gdn_engine_run_step(e[k], NULL), GDN_OK);
+            } else {
+                cr_assert_eq(gdn_engine_run_layer(e[k], 0, NULL), GDN_EMISUSE, "the caller owns this step's work");
+                cr_assert_eq(gdn_engine_enqueue_rows(e[k], NULL), GDN_OK);
+                cr_assert_eq(gdn_engine_enqueue_layer(e[k], 1, NULL), GDN_OK);
+                cr_assert_eq(gdn_engine_enqueue_layer(e[k], 0, NULL), GDN_OK);
+            }
+            if (verify) {
+                test_set_accepted(e[k], accepted, B > 0 ? B : 1);
+                cr_assert_eq(k == 0 ? gdn_engine_commit(e[k], NULL) : gdn_engine_enqueue_commit(e[k], NULL), GDN_OK);
+            } else if (k == 1) {
+                cr_assert_eq(gdn_engine_enqueue_commit(e[k], NULL), GDN_EMISUSE, "a decode step has no commit");
+            }
+            /* Retire one slot of the step now and take it back (the next step clears its tokens). */
+            if (B > 0 && rows[B - 1] >= 0 && step % 2 == 0) {
+                int32_t again;
+                cr_assert_eq(gdn_slot_free(e[k], rows[B - 1]), GDN_OK, "a finished step frees its slots");
+                cr_assert_eq(gdn_slot_alloc(e[k], &again), GDN_OK);
+                cr_assert_eq(again, rows[B - 1]);
+            }
+        }
+        const size_t out_bytes = (size_t)(B > 0 ? B : 1) * T * 4 * 64 * 2;
+        unsigned char *o0 = malloc(out_bytes), *o1 = malloc(out_bytes);
+        for (int32_t l = 0; l < 2 && B > 0; l++) { /* (an empty step's outputs are not defined) */
+            gdn_layer_io io0, io1;
+            gdn_engine_layer_io(e[0], l, &io0), gdn_engine_layer_io(e[1], l, &io1);
+            cr_assert_eq(gdn_engine_download(e[0], o0, io0.o, out_bytes, NULL), GDN_OK);
+            cr_assert_eq(gdn_engine_download(e[1], o1, io1.o, out_bytes, NULL), GDN_OK);
+            cr_assert_eq(memcmp(o0, o1, out_bytes), 0, "step %d layer %d: outputs differ", step, l);
+        }
+        free(o0), free(o1);
+        for (int32_t s = 0; s < 10; s++) {
+            unsigned char *p0 = test_snapshot_pool(e[0], s), *p1 = test_snapshot_pool(e[1], s);
+            cr_assert_eq(memcmp(p0, p1, 2 * test_state_bytes(e[0])), 0, "step %d slot %d: pools differ", step, s);
+            free(p0), free(p1);
+        }
+    }
+    for (int k = 0; k < 2; k++) gdn_engine_destroy(e[k]);
+}
+
+Test(engine, caller_work_matches_engine_work_cache) { caller_work_matches_engine_work(GDN_VERIFY_CACHE, 81); }
+Test(engine, caller_work_matches_engine_work_replay) { caller_work_matches_engine_work(GDN_VERIFY_REPLAY, 82); }
+Test(engine, caller_work_matches_engine_work_ring) { caller_work_matches_engine_work(GDN_VERIFY_RING, 83); }
+
+Test(engine, enqueue_calls_need_a_caller_work_step)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 84);
+    cr_assert_eq(gdn_engine_enqueue_rows(f.e, NULL), GDN_EMISUSE, "no step begun");
+    cr_assert_eq(gdn_engine_enqueue_layer(f.e, 0, NULL), GDN_EMISUSE);
+    const int32_t rows[] = {1, 3};
+    gdn_step step = {.kind = GDN_STEP_VERIFY, .tokens = 2, .batch = 2, .slots = rows};
+    cr_assert_eq(gdn_engine_begin_step(f.e, &step, NULL, NULL), GDN_OK);
+    cr_assert_eq(gdn_engine_enqueue_rows(f.e, NULL), GDN_EMISUSE, "an engine-tracked step");
+    cr_assert_eq(gdn_engine_enqueue_layer(f.e, 1, NULL), GDN_EMISUSE);
+    cr_assert_eq(gdn_engine_enqueue_commit(f.e, NULL), GDN_EMISUSE);
+    step.flags = 2;
+    cr_assert_eq(gdn_engine_begin_step(f.e, &step, NULL, NULL), GDN_EMISUSE, "an unknown flag");
+    step.flags = GDN_STEP_CALLER_WORK;
+    cr_assert_eq(gdn_engine_begin_step(f.e, &step, NULL, NULL), GDN_OK);
+    cr_assert_eq(gdn_engine_enqueue_layer(f.e, 2, NULL), GDN_ELAYER);
+    cr_assert_eq(gdn_engine_enqueue_layer(f.e, -1, NULL), GDN_ELAYER);
+    cr_assert_eq(gdn_engine_run_step(f.e, NULL), GDN_EMISUSE, "the caller owns the work");
+    cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_EMISUSE, "committed by the caller's work");
+    cr_assert_eq(gdn_engine_enqueue_rows(NULL, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_engine_enqueue_layer(NULL, 0, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_engine_enqueue_commit(NULL, NULL), GDN_EINVAL);
+    teardown(&f);
+}

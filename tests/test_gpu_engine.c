@@ -347,6 +347,108 @@ Test(gpu_engine, a_failed_launch_keeps_its_cuda_text)
     gdn_engine_destroy(e);
 }
 
+/* A graph per (bucket, kind, T) that the caller captures itself: its own work (a memset of its own
+ * buffer), the step's rows, every layer and the commit, captured once with GDN_STEP_CALLER_WORK steps
+ * and then replayed with only begin_step before each launch. Over 60 steps with changing rows,
+ * padding and accepted counts it must be bit-exact with a twin engine driven the ordinary way
+ * (engine-captured graphs). Engine-tracked calls on the capturing stream are refused. */
+Test(gpu_engine, caller_captured_graphs_match_engine_steps, .timeout = 600)
+{
+    test_require_gpu();
+    gdn_engine_config c = test_config("tiny", 3, GDN_DTYPE_F32, 24, 16, 4);
+    c.backend = GDN_BACKEND_CUDA;
+    gdn_engine *e[2];
+    for (int k = 0; k < 2; k++) {
+        test_rng rng = test_rng_seeded(91);
+        e[k] = test_engine_create(&c, &rng, NULL);
+        for (int32_t s = 0; s < 24; s++) {
+            int32_t slot;
+            cr_assert_eq(gdn_slot_alloc(e[k], &slot), GDN_OK);
+            test_fill_slot_state(e[k], slot, &rng);
+        }
+    }
+    const gdn_engine_config *rc = gdn_engine_get_config(e[1]);
+    cudaStream_t stream;
+    cr_assert_eq(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    void *own = NULL;
+    cr_assert_eq(cudaMalloc(&own, 4096), cudaSuccess);
+    enum { SHAPES = 64 * 2 * 5 };
+    cudaGraphExec_t graphs[SHAPES] = {0};
+    int captures = 0;
+    test_rng plan = test_rng_seeded(92);
+    for (int step = 0; step < 60; step++) {
+        const int verify = step % 3 != 0;
+        const int32_t T = verify ? 1 + test_rng_below(&plan, 4) : 1, B = 1 + test_rng_below(&plan, 16);
+        int32_t rows[16], accepted[16], used[24] = {0};
+        for (int32_t i = 0; i < B; i++) {
+            int32_t s;
+            do s = test_rng_below(&plan, 24);
+            while (used[s]);
+            used[s] = 1;
+            rows[i] = test_rng_below(&plan, 8) == 0 ? -1 : s;
+            accepted[i] = test_rng_below(&plan, T + 1);
+        }
+        for (int k = 0; k < 2; k++) {
+            test_rng inputs = test_rng_seeded(1000 + (uint64_t)step);
+            for (int32_t l = 0; l < 3; l++) {
+                test_inputs in;
+                test_write_inputs(e[k], l, B, T, &inputs, &in);
+                test_inputs_free(&in);
+                test_poison_outputs(e[k], l);
+            }
+            if (verify) test_set_accepted(e[k], accepted, B);
+            cr_assert_eq(gdn_engine_synchronize(e[k], NULL), GDN_OK);
+        }
+        test_run_step(e[0], verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, T, B, rows, NULL);
+        if (verify) cr_assert_eq(gdn_engine_commit(e[0], NULL), GDN_OK);
+
+        gdn_step st = {.kind = verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, .tokens = T, .batch = B, .slots = rows,
+                       .flags = GDN_STEP_CALLER_WORK};
+        int32_t bucket = 0, bucket_index = 0;
+        cr_assert_eq(gdn_engine_begin_step(e[1], &st, stream, &bucket), GDN_OK);
+        while (rc->buckets[bucket_index] != bucket) bucket_index++;
+        cudaGraphExec_t *exec = &graphs[(bucket_index * 2 + verify) * 5 + T];
+        if (!*exec) {
+            cudaGraph_t graph;
+            cr_assert_eq(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+            cr_assert_eq(cudaMemsetAsync(own, step & 0xff, 4096, stream), cudaSuccess); /* the caller's own work */
+            cr_assert_eq(gdn_engine_run_layer(e[1], 0, stream), GDN_EMISUSE, "engine-tracked call in a caller capture");
+            cr_assert_eq(gdn_engine_enqueue_rows(e[1], stream), GDN_OK);
+            for (int32_t l = 0; l < 3; l++) cr_assert_eq(gdn_engine_enqueue_layer(e[1], l, stream), GDN_OK);
+            if (verify) cr_assert_eq(gdn_engine_enqueue_commit(e[1], stream), GDN_OK);
+            cr_assert_eq(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+            cr_assert_eq(cudaGraphInstantiate(exec, graph, 0), cudaSuccess);
+            cudaGraphDestroy(graph);
+            captures++;
+        }
+        cr_assert_eq(cudaGraphLaunch(*exec, stream), cudaSuccess);
+        cr_assert_eq(cudaStreamSynchronize(stream), cudaSuccess);
+        cr_assert_eq(gdn_engine_synchronize(e[0], NULL), GDN_OK);
+
+        const size_t out_bytes = (size_t)B * T * 4 * 64 * 2;
+        unsigned char *o0 = malloc(out_bytes), *o1 = malloc(out_bytes);
+        for (int32_t l = 0; l < 3; l++) {
+            gdn_layer_io io0, io1;
+            gdn_engine_layer_io(e[0], l, &io0), gdn_engine_layer_io(e[1], l, &io1);
+            cr_assert_eq(cudaMemcpy(o0, io0.o, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+            cr_assert_eq(cudaMemcpy(o1, io1.o, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+            cr_assert_eq(memcmp(o0, o1, out_bytes), 0, "step %d layer %d: outputs differ", step, l);
+        }
+        free(o0), free(o1);
+        for (int32_t s = 0; s < 24; s++) {
+            unsigned char *p0 = test_snapshot_pool(e[0], s), *p1 = test_snapshot_pool(e[1], s);
+            cr_assert_eq(memcmp(p0, p1, 3 * test_state_bytes(e[0])), 0, "step %d slot %d: pools differ", step, s);
+            free(p0), free(p1);
+        }
+    }
+    cr_assert_lt(captures, 60, "graphs were replayed, not only captured");
+    for (int i = 0; i < SHAPES; i++)
+        if (graphs[i]) cudaGraphExecDestroy(graphs[i]);
+    cudaFree(own);
+    cudaStreamDestroy(stream);
+    for (int k = 0; k < 2; k++) gdn_engine_destroy(e[k]);
+}
+
 /* The serving-loop check (tests/serving_loop_check.c) on the GPU, both strategies it models. */
 Test(gpu_engine, serving_loop_matches_the_reference, .timeout = 600)
 {

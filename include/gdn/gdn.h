@@ -360,12 +360,19 @@ GDN_API int32_t *gdn_engine_accepted(gdn_engine *engine);
 /* Steps                                                                                            */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* gdn_step.flags. */
+/* The caller runs this step's work itself, with gdn_engine_enqueue_rows / _layer / _commit, usually
+ * by replaying a CUDA graph it captured from those calls (with its own kernels around them): see
+ * "Caller-owned graphs" below. */
+#define GDN_STEP_CALLER_WORK 1u
+
 typedef struct gdn_step {
     gdn_step_kind kind;
     int32_t tokens;             /* T: 1 for decode; 1..max_tokens for verify */
     int32_t batch;              /* rows, 0..max_batch */
     const int32_t *slots;       /* host [batch]: the slot each row reads; < 0 marks a padding row */
     const int32_t *write_slots; /* host [batch] or NULL (= slots): where the row's new state goes */
+    uint32_t flags;             /* 0, or GDN_STEP_CALLER_WORK */
 } gdn_step;
 
 /*
@@ -403,6 +410,29 @@ GDN_API gdn_status gdn_engine_run_step(gdn_engine *engine, void *stream);
  * not been committed.
  */
 GDN_API gdn_status gdn_engine_commit(gdn_engine *engine, void *stream);
+
+/*
+ * Caller-owned graphs. A serving loop that captures its own CUDA graph per (bucket, kind, T), with
+ * its own kernels and the engine's work inside, splits a step in two:
+ *   - gdn_engine_begin_step with flags = GDN_STEP_CALLER_WORK plans the step on the host and
+ *     advances all of its bookkeeping at once: its rows are staged for the work that follows, every
+ *     layer counts as run and a verify step as committed (so slots may be freed right away). The
+ *     step's work must then reach the stream before the next begin_step.
+ *   - The work is pure enqueues for the begun step's (bucket, kind, T), valid inside a capture:
+ *     gdn_engine_enqueue_rows first (the step's rows to the device), then gdn_engine_enqueue_layer
+ *     for every layer, each once, in any order between the caller's own kernels, then, for a verify
+ *     step, gdn_engine_enqueue_commit after the caller's sampler has written the accepted counts.
+ * Capture those calls once per shape; afterwards each step is begin_step(..., CALLER_WORK) and a
+ * launch of the graph of the returned bucket. The engine-tracked calls (run_layer, run_step,
+ * commit) refuse a CALLER_WORK step, and return GDN_EMISUSE on a stream that a capture not made by
+ * the engine is recording (they would bake one step's bookkeeping into a graph), as do
+ * gdn_slot_reset, gdn_engine_synchronize and gdn_engine_check_device_error.
+ * The enqueue calls return GDN_EMISUSE unless the current step was begun with GDN_STEP_CALLER_WORK
+ * (and enqueue_commit unless it is a verify step), GDN_ELAYER for a bad layer.
+ */
+GDN_API gdn_status gdn_engine_enqueue_rows(gdn_engine *engine, void *stream);
+GDN_API gdn_status gdn_engine_enqueue_layer(gdn_engine *engine, int32_t layer, void *stream);
+GDN_API gdn_status gdn_engine_enqueue_commit(gdn_engine *engine, void *stream);
 
 /*
  * Waits for the engine's work on `stream`, then reads and clears the sticky device error flag:
