@@ -31,6 +31,27 @@ typedef struct cuda_backend {
     char last_error[256];
 } cuda_backend;
 
+/* Every call that touches the GPU runs on the engine's device and gives the caller's current device
+ * back (one thread may drive engines on several GPUs). */
+typedef struct device_guard {
+    int previous;
+    int switched;
+} device_guard;
+
+static device_guard enter_device(const void *ctx)
+{
+    const cuda_backend *cu = ctx;
+    device_guard guard = {0, 0};
+    if (cudaGetDevice(&guard.previous) == cudaSuccess && guard.previous != cu->device)
+        guard.switched = cudaSetDevice(cu->device) == cudaSuccess;
+    return guard;
+}
+
+static void leave_device(device_guard guard)
+{
+    if (guard.switched) cudaSetDevice(guard.previous);
+}
+
 /* Records the failing call and converts it to GDN_ECUDA (GDN_ENOMEM for allocation failures). */
 static gdn_status record_error(cuda_backend *cu, cudaError_t err, const char *expr, int line)
 {
@@ -56,7 +77,7 @@ static atomic_uint_fast64_t device_allocations;
 
 uint64_t gdn__cuda_device_allocations(void) { return atomic_load_explicit(&device_allocations, memory_order_relaxed); }
 
-static gdn_status cuda_alloc(void *ctx, size_t bytes, void **out)
+static gdn_status cuda_alloc_here(void *ctx, size_t bytes, void **out)
 {
     cuda_backend *cu = ctx;
     *out = NULL;
@@ -70,23 +91,50 @@ static gdn_status cuda_alloc(void *ctx, size_t bytes, void **out)
     }
     return GDN_OK;
 }
+static gdn_status cuda_alloc(void *ctx, size_t bytes, void **out)
+{
+    const device_guard guard = enter_device(ctx);
+    const gdn_status result = cuda_alloc_here(ctx, bytes, out);
+    leave_device(guard);
+    return result;
+}
 
-static void cuda_free(void *ctx, void *ptr)
+static void cuda_free_here(void *ctx, void *ptr)
 {
     (void)ctx;
     if (ptr) cudaFree(ptr);
 }
+static void cuda_free(void *ctx, void *ptr)
+{
+    const device_guard guard = enter_device(ctx);
+    cuda_free_here(ctx, ptr);
+    leave_device(guard);
+}
 
-static gdn_status cuda_zero(void *ctx, void *ptr, size_t bytes, void *stream)
+static gdn_status cuda_zero_here(void *ctx, void *ptr, size_t bytes, void *stream)
 {
     GDN__CUDA_TRY((cuda_backend *)ctx, cudaMemsetAsync(ptr, 0, bytes, (cudaStream_t)stream));
     return GDN_OK;
 }
+static gdn_status cuda_zero(void *ctx, void *ptr, size_t bytes, void *stream)
+{
+    const device_guard guard = enter_device(ctx);
+    const gdn_status result = cuda_zero_here(ctx, ptr, bytes, stream);
+    leave_device(guard);
+    return result;
+}
 
-static gdn_status cuda_copy(void *ctx, void *dst, const void *src, size_t bytes, void *stream)
+static gdn_status cuda_copy_here(void *ctx, void *dst, const void *src, size_t bytes, void *stream)
 {
     GDN__CUDA_TRY((cuda_backend *)ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream));
     return GDN_OK;
+}
+static gdn_status cuda_copy(void *ctx, void *dst, const void *src, size_t bytes, void *stream)
+{
+    const device_guard guard = enter_device(ctx);
+    const gdn_status result = cuda_copy_here(ctx, dst, src, bytes, stream);
+    leave_device(guard);
+    return result;
 }
 
 static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count, const int32_t *clears, int32_t n_clears)
@@ -104,7 +152,7 @@ static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count,
     return GDN_OK;
 }
 
-static gdn_status cuda_fetch_rows(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t num_slots,
+static gdn_status cuda_fetch_rows_here(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t num_slots,
                                   void *stream)
 {
     cuda_backend *cu = ctx;
@@ -123,39 +171,75 @@ static gdn_status cuda_fetch_rows(void *ctx, int32_t *dst, int32_t *pending, int
     if (status == GDN_ECUDA) record_launch_failure(cu, "gdn__cuda_fetch_rows");
     return status;
 }
+static gdn_status cuda_fetch_rows(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t num_slots,
+                                  void *stream)
+{
+    const device_guard guard = enter_device(ctx);
+    const gdn_status result = cuda_fetch_rows_here(ctx, dst, pending, num_layers, num_slots, stream);
+    leave_device(guard);
+    return result;
+}
 
 static void cuda_consume_rows(void *ctx) { ((cuda_backend *)ctx)->host_seq++; }
 
-static gdn_status cuda_layer_step(void *ctx, const gdn__layer_params *params, void *stream)
+static gdn_status cuda_layer_step_here(void *ctx, const gdn__layer_params *params, void *stream)
 {
     gdn_status status = gdn__cuda_layer_step(params, stream);
     if (status == GDN_ECUDA) record_launch_failure(ctx, "gdn__cuda_layer_step");
     return status;
 }
+static gdn_status cuda_layer_step(void *ctx, const gdn__layer_params *params, void *stream)
+{
+    const device_guard guard = enter_device(ctx);
+    const gdn_status result = cuda_layer_step_here(ctx, params, stream);
+    leave_device(guard);
+    return result;
+}
 
-static gdn_status cuda_commit(void *ctx, const gdn__commit_params *params, void *stream)
+static gdn_status cuda_commit_here(void *ctx, const gdn__commit_params *params, void *stream)
 {
     gdn_status status = gdn__cuda_commit(params, stream);
     if (status == GDN_ECUDA) record_launch_failure(ctx, "gdn__cuda_commit");
     return status;
 }
+static gdn_status cuda_commit(void *ctx, const gdn__commit_params *params, void *stream)
+{
+    const device_guard guard = enter_device(ctx);
+    const gdn_status result = cuda_commit_here(ctx, params, stream);
+    leave_device(guard);
+    return result;
+}
 
-static gdn_status cuda_synchronize(void *ctx, void *stream)
+static gdn_status cuda_synchronize_here(void *ctx, void *stream)
 {
     if (stream) GDN__CUDA_TRY((cuda_backend *)ctx, cudaStreamSynchronize((cudaStream_t)stream));
     else GDN__CUDA_TRY((cuda_backend *)ctx, cudaDeviceSynchronize());
     return GDN_OK;
 }
+static gdn_status cuda_synchronize(void *ctx, void *stream)
+{
+    const device_guard guard = enter_device(ctx);
+    const gdn_status result = cuda_synchronize_here(ctx, stream);
+    leave_device(guard);
+    return result;
+}
 
-static gdn_status cuda_capture_begin(void *ctx, void **capture_stream)
+static gdn_status cuda_capture_begin_here(void *ctx, void **capture_stream)
 {
     cuda_backend *cu = ctx;
     GDN__CUDA_TRY(cu, gdn__graph_capture_begin(cu->capture_stream));
     *capture_stream = cu->capture_stream;
     return GDN_OK;
 }
+static gdn_status cuda_capture_begin(void *ctx, void **capture_stream)
+{
+    const device_guard guard = enter_device(ctx);
+    const gdn_status result = cuda_capture_begin_here(ctx, capture_stream);
+    leave_device(guard);
+    return result;
+}
 
-static gdn_status cuda_capture_end(void *ctx, int keep, void **graph)
+static gdn_status cuda_capture_end_here(void *ctx, int keep, void **graph)
 {
     cuda_backend *cu = ctx;
     cudaGraphExec_t exec = NULL;
@@ -164,17 +248,37 @@ static gdn_status cuda_capture_end(void *ctx, int keep, void **graph)
     if (err != cudaSuccess) return record_error(cu, err, "gdn__graph_capture_end", __LINE__);
     return GDN_OK;
 }
+static gdn_status cuda_capture_end(void *ctx, int keep, void **graph)
+{
+    const device_guard guard = enter_device(ctx);
+    const gdn_status result = cuda_capture_end_here(ctx, keep, graph);
+    leave_device(guard);
+    return result;
+}
 
-static gdn_status cuda_graph_launch(void *ctx, void *graph, void *stream)
+static gdn_status cuda_graph_launch_here(void *ctx, void *graph, void *stream)
 {
     GDN__CUDA_TRY((cuda_backend *)ctx, gdn__graph_launch((cudaGraphExec_t)graph, (cudaStream_t)stream));
     return GDN_OK;
 }
+static gdn_status cuda_graph_launch(void *ctx, void *graph, void *stream)
+{
+    const device_guard guard = enter_device(ctx);
+    const gdn_status result = cuda_graph_launch_here(ctx, graph, stream);
+    leave_device(guard);
+    return result;
+}
 
-static void cuda_graph_destroy(void *ctx, void *graph)
+static void cuda_graph_destroy_here(void *ctx, void *graph)
 {
     (void)ctx;
     gdn__graph_destroy((cudaGraphExec_t)graph);
+}
+static void cuda_graph_destroy(void *ctx, void *graph)
+{
+    const device_guard guard = enter_device(ctx);
+    cuda_graph_destroy_here(ctx, graph);
+    leave_device(guard);
 }
 
 static const char *cuda_last_error(const void *ctx) { return ((const cuda_backend *)ctx)->last_error; }
@@ -183,9 +287,11 @@ static void cuda_destroy(void *ctx)
 {
     cuda_backend *cu = ctx;
     if (!cu) return;
+    const device_guard guard = enter_device(cu);
     if (cu->ring) cudaFreeHost(cu->ring);
     if (cu->device_seq) cudaFree(cu->device_seq);
     if (cu->capture_stream) cudaStreamDestroy(cu->capture_stream);
+    leave_device(guard);
     gdn__free(cu);
 }
 
@@ -230,10 +336,10 @@ gdn_status gdn__backend_cuda_create(int32_t device, size_t staging_bytes, gdn__b
         cudaGetLastError(); /* clear the sticky "no device" error for later callers */
         return GDN_ENODEV;
     }
-    if (cudaSetDevice(device) != cudaSuccess) return GDN_ENODEV;
     cuda_backend *cu = gdn__calloc(1, sizeof *cu);
     if (!cu) return GDN_ENOMEM;
     cu->device = device;
+    const device_guard guard = enter_device(cu); /* the caller's current device comes back below */
     /* Entries of 16-byte multiples: the count, the rows, padding. */
     cu->entry_stride = (int32_t)((staging_bytes / sizeof(int32_t) + 2 + 3) & ~(size_t)3);
     gdn_status status = GDN_OK;
@@ -252,8 +358,10 @@ gdn_status gdn__backend_cuda_create(int32_t device, size_t staging_bytes, gdn__b
     if (err != cudaSuccess) status = err == cudaErrorMemoryAllocation ? GDN_ENOMEM : GDN_ECUDA;
     if (status != GDN_OK) {
         cuda_destroy(cu);
+        leave_device(guard);
         return status;
     }
+    leave_device(guard);
     out->iface = &cuda_iface;
     out->ctx = cu;
     return GDN_OK;

@@ -891,3 +891,14 @@ gdn_status gdn_engine_enqueue_commit(gdn_engine *e, void *stream)
     fill_commit_params(e, e->step.tokens, e->step.bucket, &p);
     return e->backend.iface->commit(e->backend.ctx, &p, stream);
 }
+
+gdn_status gdn_engine_step_rows(const gdn_engine *e, const int32_t **read_slots, const int32_t **write_slots,
+                                int32_t *bucket)
+{
+    if (!e) return GDN_EINVAL;
+    if (!e->step.active) return GDN_EMISUSE;
+    if (read_slots) *read_slots = read_slots_buffer(e);
+    if (write_slots) *write_slots = write_slots_buffer(e, e->step.bucket);
+    if (bucket) *bucket = e->step.bucket;
+    return GDN_OK;
+}

@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <atomic>
+
 #include "gdn/gdn.h"
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -59,6 +61,22 @@ inline cudaError_t gdn__cuda_launch_error(void)
         gdn__never_runs<<<0, 1>>>();
     }
     return cudaGetLastError();
+}
+
+/* Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per device:
+ * the attribute is per device, so each call site keeps one flag per device for its kernel instance. */
+constexpr int GDN__MAX_DEVICES = 64;
+template <typename Kernel>
+inline cudaError_t gdn__opt_in_shared(Kernel kernel, int bytes, std::atomic<bool> (&done)[GDN__MAX_DEVICES])
+{
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    const bool tracked = device >= 0 && device < GDN__MAX_DEVICES;
+    if (tracked && done[device].load(std::memory_order_acquire)) return cudaSuccess;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err == cudaSuccess && tracked) done[device].store(true, std::memory_order_release);
+    return err;
 }
 
 /* True when `p` is aligned to `bytes`. */

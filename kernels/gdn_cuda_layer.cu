@@ -602,14 +602,15 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
                                                                                           shared_tokens::capacity(REPLAY, p->store_tokens, T), T))
                                                  : 0;
     auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, REPLAY>;
-    if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per instance, up to the largest case */
+    if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per device and instance, up to the largest case */
         constexpr int most_tokens = GDN_MAX_TOKENS;
-        static const cudaError_t opt_in = cudaFuncSetAttribute(
-            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
+        GDN__CUDA_TRY(gdn__opt_in_shared(
+            kernel,
             (int)(sizeof(float) * (staged_floats<Geo, SETS>(128) +
                                    shared_tokens::floats(K, GDN__MAX_HEAD_DIM,
-                                                         shared_tokens::capacity(true, most_tokens, most_tokens), most_tokens))));
-        GDN__CUDA_TRY(opt_in);
+                                                         shared_tokens::capacity(true, most_tokens, most_tokens), most_tokens))),
+            opted_in));
     }
     kernel<<<grid, warps * 32, smem, stream>>>(*p);
     GDN__CUDA_TRY(gdn__cuda_launch_error());

@@ -448,12 +448,12 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const int T = ONE_TOKEN ? 1 : p->T;
     const size_t smem = ring_shared::bytes(K, p->ring_capacity, T, span_rows);
     auto kernel = ring_step_kernel<K, S, I, O, REGS, ONE_TOKEN>;
-    if (smem > 48 * 1024) { /* long rings, K = 256, long spans: opt in once per instance, up to the largest case */
-        static const cudaError_t opt_in =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)ring_shared::bytes(K, GDN_MAX_RING_LENGTH, ONE_TOKEN ? 1 : GDN_MAX_TOKENS,
-                                                         GDN__RING_MAX_PASSES * 4 * Geo::ROWS_PER_WARP));
-        GDN__CUDA_TRY(opt_in);
+    if (smem > 48 * 1024) { /* long rings, K = 256, long spans: opt in once per device and instance, up to the largest case */
+        static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
+        GDN__CUDA_TRY(gdn__opt_in_shared(kernel,
+                                         (int)ring_shared::bytes(K, GDN_MAX_RING_LENGTH, ONE_TOKEN ? 1 : GDN_MAX_TOKENS,
+                                                                 GDN__RING_MAX_PASSES * 4 * Geo::ROWS_PER_WARP),
+                                         opted_in));
     }
     kernel<<<grid, warps * 32, smem, stream>>>(*p, passes);
     GDN__CUDA_TRY(gdn__cuda_launch_error());

@@ -912,3 +912,27 @@ Test(engine, enqueue_calls_need_a_caller_work_step)
     cr_assert_eq(gdn_engine_enqueue_commit(NULL, NULL), GDN_EINVAL);
     teardown(&f);
 }
+
+/* The step's device rows, as the kernels read them (host memory on the CPU backend). */
+Test(engine, step_rows_are_the_rows_the_kernels_read)
+{
+    fixture f;
+    setup(&f, GDN_DTYPE_F32, 85);
+    const int32_t *reads = NULL, *writes = NULL;
+    int32_t bucket = 0;
+    cr_assert_eq(gdn_engine_step_rows(f.e, &reads, &writes, &bucket), GDN_EMISUSE, "no step begun");
+    cr_assert_eq(gdn_engine_step_rows(NULL, &reads, &writes, &bucket), GDN_EINVAL);
+    test_inputs *in = write_all_inputs(&f, 3, 1);
+    const int32_t rows[] = {4, -1, 7}, fork[] = {4, -1, 9};
+    test_run_step(f.e, GDN_STEP_DECODE, 1, 3, rows, fork);
+    cr_assert_eq(gdn_engine_step_rows(f.e, &reads, &writes, &bucket), GDN_OK);
+    cr_assert_eq(bucket, 4);
+    const int32_t want_r[] = {4, -1, 7, -1}, want_w[] = {4, -1, 9, -1};
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(reads[i], want_r[i], "read row %d", i);
+        cr_assert_eq(writes[i], want_w[i], "write row %d", i);
+    }
+    cr_assert_eq(gdn_engine_step_rows(f.e, NULL, NULL, NULL), GDN_OK, "every output may be NULL");
+    free_all_inputs(&f, in);
+    teardown(&f);
+}

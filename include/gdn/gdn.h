@@ -431,6 +431,18 @@ GDN_API gdn_status gdn_engine_commit(gdn_engine *engine, void *stream);
  * (and enqueue_commit unless it is a verify step), GDN_ELAYER for a bad layer.
  */
 GDN_API gdn_status gdn_engine_enqueue_rows(gdn_engine *engine, void *stream);
+
+/*
+ * The current step's rows in backend memory, as its kernels read them: read_slots[bucket] and
+ * write_slots[bucket] (padding rows -1; write = read unless the step gave write slots), for the
+ * caller's own per-slot kernels (conv state, sampling) on the same rows. They are filled on the
+ * stream by the step's first work (run_step, the first run_layer, or gdn_engine_enqueue_rows) and
+ * stay valid for work ordered after it until the next step's first work; the addresses are fixed per
+ * bucket (a caller's graph may bake them in). Any output pointer may be NULL. GDN_EMISUSE without
+ * a begun step.
+ */
+GDN_API gdn_status gdn_engine_step_rows(const gdn_engine *engine, const int32_t **read_slots,
+                                        const int32_t **write_slots, int32_t *bucket);
 GDN_API gdn_status gdn_engine_enqueue_layer(gdn_engine *engine, int32_t layer, void *stream);
 GDN_API gdn_status gdn_engine_enqueue_commit(gdn_engine *engine, void *stream);
 
