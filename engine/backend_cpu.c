@@ -104,6 +104,13 @@ static void cpu_destroy(void *ctx)
     gdn__free(cpu);
 }
 
+static gdn_status cpu_slot_copy(void *ctx, const gdn__slot_copy_params *params, void *stream)
+{
+    (void)ctx, (void)stream;
+    gdn__ref_slot_copy(params);
+    return GDN_OK;
+}
+
 static const gdn__backend_iface cpu_iface = {
     .kind = GDN_BACKEND_CPU,
     .name = "cpu (float64 reference)",
@@ -117,6 +124,7 @@ static const gdn__backend_iface cpu_iface = {
     .consume_rows = cpu_consume_rows,
     .layer_step = cpu_layer_step,
     .commit = cpu_commit,
+    .slot_copy = cpu_slot_copy,
     .synchronize = cpu_synchronize,
     .last_error = cpu_last_error,
     .destroy = cpu_destroy,

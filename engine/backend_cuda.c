@@ -210,6 +210,15 @@ static gdn_status cuda_commit(void *ctx, const gdn__commit_params *params, void 
     return result;
 }
 
+static gdn_status cuda_slot_copy(void *ctx, const gdn__slot_copy_params *params, void *stream)
+{
+    const device_guard guard = enter_device(ctx);
+    const gdn_status status = gdn__cuda_slot_copy(params, stream);
+    if (status == GDN_ECUDA) record_launch_failure(ctx, "gdn__cuda_slot_copy");
+    leave_device(guard);
+    return status;
+}
+
 static gdn_status cuda_synchronize_here(void *ctx, void *stream)
 {
     if (stream) GDN__CUDA_TRY((cuda_backend *)ctx, cudaStreamSynchronize((cudaStream_t)stream));
@@ -319,6 +328,7 @@ static const gdn__backend_iface cuda_iface = {
     .consume_rows = cuda_consume_rows,
     .layer_step = cuda_layer_step,
     .commit = cuda_commit,
+    .slot_copy = cuda_slot_copy,
     .stream_capturing = cuda_stream_capturing,
     .synchronize = cuda_synchronize,
     .capture_begin = cuda_capture_begin,

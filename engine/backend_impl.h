@@ -40,6 +40,7 @@ typedef struct gdn__backend_iface {
     /* Enqueue the kernels (kernels/gdn_kernel_params.h gives the semantics). */
     gdn_status (*layer_step)(void *ctx, const gdn__layer_params *params, void *stream);
     gdn_status (*commit)(void *ctx, const gdn__commit_params *params, void *stream);
+    gdn_status (*slot_copy)(void *ctx, const gdn__slot_copy_params *params, void *stream);
     /* Waits for the stream. */
     gdn_status (*synchronize)(void *ctx, void *stream);
     /* (optional) Step graphs; NULL on backends without them, which then always launch directly.

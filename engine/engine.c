@@ -902,3 +902,136 @@ gdn_status gdn_engine_step_rows(const gdn_engine *e, const int32_t **read_slots,
     if (bucket) *bucket = e->step.bucket;
     return GDN_OK;
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Device-side slot operations                                                                      */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* A slot a device-side operation may touch: allocated and not needed by the current step. */
+static gdn_status check_idle_slot(const gdn_engine *e, int32_t slot)
+{
+    gdn_status status = gdn__slots_check_live(&e->slots, slot);
+    if (status != GDN_OK) return status;
+    return step_needs_slot(e, slot) ? GDN_ESLOT_BUSY : GDN_OK;
+}
+
+/* The slot's state in layer 0 (bytes), and its strategy data: the stored tokens or ring records of
+ * layer 0 and their per-layer stride (bytes). */
+static char *slot_state_bytes0(const gdn_engine *e, int32_t slot) { return slot_state(e, 0, slot); }
+static void slot_side_data(const gdn_engine *e, int32_t slot, char **data, int64_t *bytes, int64_t *layer_stride)
+{
+    const gdn_engine_config *c = &e->config;
+    *data = NULL, *bytes = 0, *layer_stride = 0;
+    if (replay(e)) {
+        const int64_t in_size = (int64_t)gdn_dtype_size(c->input_dtype);
+        const int64_t slot_elems = e->store_layer_stride / c->num_slots;
+        *data = (char *)e->token_store + (size_t)(slot * slot_elems * in_size);
+        *bytes = slot_elems * in_size;
+        *layer_stride = e->store_layer_stride * in_size;
+    } else if (ring(e)) {
+        const int64_t slot_bytes = e->ring_layer_bytes / c->num_slots;
+        *data = (char *)e->ring + (size_t)(slot * slot_bytes);
+        *bytes = slot_bytes;
+        *layer_stride = e->ring_layer_bytes;
+    }
+}
+
+/* A slot whose counts are about to be overwritten on the device needs no clear from the next
+ * fetch (which would run after, and undo, the overwrite). */
+static void drop_staged_clear(gdn_engine *e, int32_t slot)
+{
+    if (!keeps_tokens(e) || !e->clear_flag[slot]) return;
+    for (int32_t c = 0; c < e->clear_count; c++)
+        if (e->clear_list[c] == slot) {
+            e->clear_list[c] = e->clear_list[--e->clear_count];
+            break;
+        }
+    e->clear_flag[slot] = 0;
+}
+
+gdn_status gdn_slot_copy_async(gdn_engine *e, int32_t dst, int32_t src, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    gdn_status status = check_idle_slot(e, dst);
+    if (status == GDN_OK) status = check_idle_slot(e, src);
+    if (status != GDN_OK) return status;
+    if (dst == src) return GDN_EINVAL;
+    const gdn_engine_config *c = &e->config;
+    const int64_t state_bytes = (int64_t)slot_state_bytes(e), layer_bytes = e->state_layer_stride *
+                                                                             (int64_t)gdn_dtype_size(c->state_dtype);
+    gdn__slot_copy_params p = {.layers = c->model.num_layers};
+    p.region[p.regions++] = (gdn__slot_region){slot_state_bytes0(e, src), slot_state_bytes0(e, dst), state_bytes,
+                                               layer_bytes, layer_bytes};
+    if (keeps_tokens(e)) {
+        char *from, *to;
+        int64_t bytes, stride;
+        slot_side_data(e, src, &from, &bytes, &stride);
+        slot_side_data(e, dst, &to, &bytes, &stride);
+        p.region[p.regions++] = (gdn__slot_region){from, to, bytes, stride, stride};
+        /* src freed and taken again since the last step: its counts belong to the last owner (the
+         * next fetch would clear them), so dst starts with none. */
+        const int64_t counts_stride = (int64_t)c->num_slots * (int64_t)sizeof(int32_t);
+        p.region[p.regions++] = (gdn__slot_region){e->clear_flag[src] ? NULL : (const void *)(pending_buffer(e, 0) + src),
+                                                   pending_buffer(e, 0) + dst, sizeof(int32_t), counts_stride, counts_stride};
+    }
+    status = e->backend.iface->slot_copy(e->backend.ctx, &p, stream);
+    if (status == GDN_OK) drop_staged_clear(e, dst);
+    return status;
+}
+
+gdn_status gdn_slot_import_async(gdn_engine *e, int32_t slot, const void *src, int64_t layer_stride, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    gdn_status status = check_idle_slot(e, slot);
+    if (status != GDN_OK) return status;
+    const gdn_engine_config *c = &e->config;
+    const gdn_model_config *m = &c->model;
+    if (!src || layer_stride < (int64_t)m->num_v_heads * m->head_dim_v * m->head_dim_k) return GDN_EINVAL;
+    const int64_t size = (int64_t)gdn_dtype_size(c->state_dtype);
+    gdn__slot_copy_params p = {.layers = m->num_layers};
+    p.region[p.regions++] = (gdn__slot_region){src, slot_state_bytes0(e, slot), (int64_t)slot_state_bytes(e),
+                                               layer_stride * size, e->state_layer_stride * size};
+    if (keeps_tokens(e)) {
+        const int64_t counts_stride = (int64_t)c->num_slots * (int64_t)sizeof(int32_t);
+        p.region[p.regions++] = (gdn__slot_region){NULL, pending_buffer(e, 0) + slot, sizeof(int32_t), 0, counts_stride};
+    }
+    status = e->backend.iface->slot_copy(e->backend.ctx, &p, stream);
+    if (status == GDN_OK) drop_staged_clear(e, slot);
+    return status;
+}
+
+gdn_status gdn_slot_export_async(gdn_engine *e, int32_t slot, void *dst, int64_t layer_stride, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    gdn_status status = check_idle_slot(e, slot);
+    if (status != GDN_OK) return status;
+    const gdn_engine_config *c = &e->config;
+    const gdn_model_config *m = &c->model;
+    if (!dst || layer_stride < (int64_t)m->num_v_heads * m->head_dim_v * m->head_dim_k) return GDN_EINVAL;
+    const gdn__backend_iface *b = e->backend.iface;
+    if (keeps_tokens(e)) {
+        /* Write back what is pending, in place: the flush row (a launch that sets it, so that a
+         * captured export carries its slot), then a zero-token step of that one row a layer. A slot
+         * freed and taken again since the last step has nothing of its own pending: its counts are
+         * cleared first, as the next fetch would. */
+        gdn__slot_copy_params set = {.layers = m->num_layers, .set_at = flush_row_buffer(e), .set_value = slot};
+        if (e->clear_flag[slot]) {
+            const int64_t counts_stride = (int64_t)c->num_slots * (int64_t)sizeof(int32_t);
+            set.region[set.regions++] = (gdn__slot_region){NULL, pending_buffer(e, 0) + slot, sizeof(int32_t), 0, counts_stride};
+        }
+        status = b->slot_copy(e->backend.ctx, &set, stream);
+        for (int32_t l = 0; l < m->num_layers && status == GDN_OK; l++) {
+            gdn__layer_params p;
+            fill_layer_params(e, l, GDN_STEP_DECODE, 0, 1, &p);
+            p.read_slots = p.write_slots = flush_row_buffer(e);
+            status = b->layer_step(e->backend.ctx, &p, stream);
+        }
+        if (status != GDN_OK) return status;
+        drop_staged_clear(e, slot);
+    }
+    const int64_t size = (int64_t)gdn_dtype_size(c->state_dtype);
+    gdn__slot_copy_params p = {.layers = m->num_layers};
+    p.region[p.regions++] = (gdn__slot_region){slot_state_bytes0(e, slot), dst, (int64_t)slot_state_bytes(e),
+                                               e->state_layer_stride * size, layer_stride * size};
+    return b->slot_copy(e->backend.ctx, &p, stream);
+}

@@ -24,6 +24,8 @@ gdn_status gdn__cuda_ring_step_supported(const gdn__layer_params *p);
 /* Commit of a verify step for all layers in one launch. */
 gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream);
 
+gdn_status gdn__cuda_slot_copy(const gdn__slot_copy_params *p, void *stream);
+
 /* The step-row mailbox (kernels/gdn_cuda_fetch.cu): copies the row values of ring entry
  * (*device_seq % ring_entries) into dst and, when pending is not NULL (replay strategy), zeroes
  * pending[l * num_slots + s] for every layer l and every slot s the entry lists as a clear; then

@@ -199,6 +199,27 @@ typedef struct gdn__commit_params {
     int32_t *ring_count;
 } gdn__commit_params;
 
+/* Device-side slot operations (one launch for all layers): first, when set_at != NULL,
+ * *set_at = set_value; then for each region r and layer l < layers, the bytes at
+ * dst + l * dst_layer_stride become those at src + l * src_layer_stride (zeros when src == NULL).
+ * Regions do not overlap. Passed by value: a captured launch refers to no host memory. */
+#define GDN__MAX_SLOT_REGIONS 4
+typedef struct gdn__slot_region {
+    const void *src;
+    void *dst;
+    int64_t bytes;            /* per layer */
+    int64_t src_layer_stride; /* bytes */
+    int64_t dst_layer_stride; /* bytes */
+} gdn__slot_region;
+
+typedef struct gdn__slot_copy_params {
+    int32_t layers;
+    int32_t regions;
+    gdn__slot_region region[GDN__MAX_SLOT_REGIONS];
+    int32_t *set_at;
+    int32_t set_value;
+} gdn__slot_copy_params;
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,7 @@
 #include "kernels/dtype_convert.h"
 #include "kernels/ref/gdn_ref.h"
 #include "scenario.h"
+#include "slot_ops_checks.h"
 #include "support.h"
 
 typedef struct fixture {
@@ -935,4 +936,43 @@ Test(engine, step_rows_are_the_rows_the_kernels_read)
     cr_assert_eq(gdn_engine_step_rows(f.e, NULL, NULL, NULL), GDN_OK, "every output may be NULL");
     free_all_inputs(&f, in);
     teardown(&f);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Device-side slot operations                                                                      */
+/* ---------------------------------------------------------------------------------------------- */
+
+Test(engine, slot_operations_cache) { slot_ops_keep_current_states(GDN_BACKEND_CPU, GDN_VERIFY_CACHE, 91); }
+Test(engine, slot_operations_replay) { slot_ops_keep_current_states(GDN_BACKEND_CPU, GDN_VERIFY_REPLAY, 92); }
+Test(engine, slot_operations_ring) { slot_ops_keep_current_states(GDN_BACKEND_CPU, GDN_VERIFY_RING, 93); }
+
+Test(engine, slot_operations_refuse_and_change_nothing)
+{
+    gdn_engine *e = slot_ops_engine_with_pending(GDN_BACKEND_CPU, GDN_VERIFY_REPLAY, 94);
+    float *buf = calloc(2 * 4 * 64 * 64, sizeof(float));
+    unsigned char *before[8];
+    for (int32_t s = 0; s < 8; s++) before[s] = test_snapshot_pool(e, s);
+    cr_assert_eq(gdn_slot_copy_async(e, 1, 1, NULL), GDN_EINVAL, "dst == src");
+    cr_assert_eq(gdn_slot_copy_async(e, 8, 1, NULL), GDN_ESLOT_RANGE);
+    cr_assert_eq(gdn_slot_import_async(e, 1, NULL, 4 * 64 * 64, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_slot_import_async(e, 1, buf, 4 * 64 * 64 - 1, NULL), GDN_EINVAL, "layer stride too small");
+    cr_assert_eq(gdn_slot_export_async(e, 1, NULL, 4 * 64 * 64, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_slot_copy_async(NULL, 1, 2, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_slot_free(e, 7), GDN_OK);
+    cr_assert_eq(gdn_slot_copy_async(e, 7, 1, NULL), GDN_ESLOT_FREE);
+    cr_assert_eq(gdn_slot_export_async(e, 7, buf, 4 * 64 * 64, NULL), GDN_ESLOT_FREE);
+    const int32_t rows[] = {2, 3};
+    gdn_step step = {.kind = GDN_STEP_VERIFY, .tokens = 2, .batch = 2, .slots = rows};
+    cr_assert_eq(gdn_engine_begin_step(e, &step, NULL, NULL), GDN_OK);
+    cr_assert_eq(gdn_slot_copy_async(e, 2, 1, NULL), GDN_ESLOT_BUSY, "dst read by the current step");
+    cr_assert_eq(gdn_slot_copy_async(e, 1, 3, NULL), GDN_ESLOT_BUSY, "src read by the current step");
+    cr_assert_eq(gdn_slot_import_async(e, 2, buf, 4 * 64 * 64, NULL), GDN_ESLOT_BUSY);
+    cr_assert_eq(gdn_slot_export_async(e, 3, buf, 4 * 64 * 64, NULL), GDN_ESLOT_BUSY);
+    for (int32_t s = 0; s < 8; s++) {
+        unsigned char *now = test_snapshot_pool(e, s);
+        cr_assert_eq(memcmp(now, before[s], 2 * test_state_bytes(e)), 0, "a refused operation changed slot %d", s);
+        free(now), free(before[s]);
+    }
+    free(buf);
+    gdn_engine_destroy(e);
 }

@@ -15,6 +15,7 @@
 #include "kernels/gdn_cuda.h"
 #include "scenario.h"
 #include "serving_loop_check.h"
+#include "slot_ops_checks.h"
 #include "support.h"
 
 #ifdef GDN_HAVE_CUDA
@@ -448,6 +449,11 @@ Test(gpu_engine, caller_captured_graphs_match_engine_steps, .timeout = 600)
     cudaStreamDestroy(stream);
     for (int k = 0; k < 2; k++) gdn_engine_destroy(e[k]);
 }
+
+/* Device-side slot operations with pending tokens and ring records, on the GPU. */
+Test(gpu_engine, slot_operations_cache) { test_require_gpu(); slot_ops_keep_current_states(GDN_BACKEND_CUDA, GDN_VERIFY_CACHE, 95); }
+Test(gpu_engine, slot_operations_replay) { test_require_gpu(); slot_ops_keep_current_states(GDN_BACKEND_CUDA, GDN_VERIFY_REPLAY, 96); }
+Test(gpu_engine, slot_operations_ring) { test_require_gpu(); slot_ops_keep_current_states(GDN_BACKEND_CUDA, GDN_VERIFY_RING, 97); }
 
 /* The serving-loop check (tests/serving_loop_check.c) on the GPU, both strategies it models. */
 Test(gpu_engine, serving_loop_matches_the_reference, .timeout = 600)

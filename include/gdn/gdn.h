@@ -316,6 +316,27 @@ GDN_API gdn_status gdn_slot_free(gdn_engine *engine, int32_t slot);
 /* Zeroes the state of allocated `slot` in every layer, enqueued on `stream`. Same errors as free. */
 GDN_API gdn_status gdn_slot_reset(gdn_engine *engine, int32_t slot, void *stream);
 
+/*
+ * Device-side slot operations: enqueued on `stream`, no host copy and no synchronisation, all layers
+ * in one launch, valid inside a capture (the slots are checked at the call and baked into the
+ * launch). Both slots must be allocated and not needed by the current step (GDN_ESLOT_BUSY, as
+ * gdn_slot_free); GDN_ESLOT_RANGE, GDN_ESLOT_FREE, GDN_EINVAL (NULL buffer, dst == src, a layer
+ * stride below HV * V * K).
+ *   copy: dst's state becomes src's current state in every layer (under replay and ring the
+ *     pending tokens or ring records travel with it, so nothing is folded or written back);
+ *   import: slot's state in layer l becomes src[l * layer_stride ...] (HV * V * K elements in the
+ *     pool's dtype, backend memory: e.g. a prefill kernel's final states), pending tokens / ring
+ *     records dropped;
+ *   export: dst[l * layer_stride ...] becomes slot's current state in layer l; under replay and ring
+ *     a slot with pending tokens or records is first written back in place (one zero-token launch a
+ *     layer before the copy).
+ */
+GDN_API gdn_status gdn_slot_copy_async(gdn_engine *engine, int32_t dst, int32_t src, void *stream);
+GDN_API gdn_status gdn_slot_import_async(gdn_engine *engine, int32_t slot, const void *src, int64_t layer_stride,
+                                         void *stream);
+GDN_API gdn_status gdn_slot_export_async(gdn_engine *engine, int32_t slot, void *dst, int64_t layer_stride,
+                                         void *stream);
+
 /* Nonzero when `slot` is allocated. */
 GDN_API int gdn_slot_is_allocated(const gdn_engine *engine, int32_t slot);
 

@@ -329,3 +329,16 @@ void gdn__ref_commit(const gdn__commit_params *p)
         }
     }
 }
+
+void gdn__ref_slot_copy(const gdn__slot_copy_params *p)
+{
+    if (p->set_at) *p->set_at = p->set_value;
+    for (int32_t r = 0; r < p->regions; r++) {
+        const gdn__slot_region *g = &p->region[r];
+        for (int32_t l = 0; l < p->layers; l++) {
+            char *dst = (char *)g->dst + (size_t)(l * g->dst_layer_stride);
+            if (g->src) memcpy(dst, (const char *)g->src + (size_t)(l * g->src_layer_stride), (size_t)g->bytes);
+            else memset(dst, 0, (size_t)g->bytes);
+        }
+    }
+}

@@ -53,6 +53,8 @@ gdn_status gdn__ref_layer_step(const gdn__layer_params *p);
 /* Commit for all layers. */
 void gdn__ref_commit(const gdn__commit_params *p);
 
+void gdn__ref_slot_copy(const gdn__slot_copy_params *p);
+
 #ifdef __cplusplus
 }
 #endif
