@@ -16,7 +16,7 @@ for f in "$root"/engine/*.c "$root"/graphs/*.c; do
         status=1
     fi
 done
-allowed='^(cuda_alloc|cuda_free|cuda_synchronize|cuda_destroy|gdn__backend_cuda_create|gdn__graph_capture_end|gdn__graph_destroy)$'
+allowed='^(cuda_alloc|cuda_alloc_here|cuda_free|cuda_free_here|cuda_synchronize|cuda_synchronize_here|cuda_destroy|gdn__backend_cuda_create|gdn__graph_capture_end|gdn__graph_destroy)$'
 banned='cuda(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|Memset|Malloc|MallocHost|HostAlloc|Free|FreeHost)\s*\('
 for f in "$root"/engine/backend_cuda.c "$root"/graphs/graph_cuda.c; do
     awk -v allowed="$allowed" -v banned="$banned" -v file="$f" '
