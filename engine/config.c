@@ -69,6 +69,13 @@ gdn_status gdn_engine_config_init(gdn_engine_config *config, const gdn_model_con
 
 static int is_supported_head_dim(int32_t d) { return d == 64 || d == 128 || d == 256; }
 
+/* A view whose data is `bytes`-aligned and whose strides are multiples of `elements`. */
+static int view_keeps(const gdn_view *v, uintptr_t bytes, int64_t elements)
+{
+    return (uintptr_t)v->data % bytes == 0 && v->row_stride % elements == 0 && v->token_stride % elements == 0 &&
+           v->head_stride % elements == 0;
+}
+
 gdn_status gdn_engine_config_validate(const gdn_engine_config *c)
 {
     if (!c) return GDN_EINVAL;
@@ -102,6 +109,23 @@ gdn_status gdn_engine_config_validate(const gdn_engine_config *c)
         return GDN_ECONFIG_BACKEND;
     if (c->graph_mode != GDN_GRAPHS_LAZY && c->graph_mode != GDN_GRAPHS_AT_CREATE && c->graph_mode != GDN_GRAPHS_OFF)
         return GDN_ECONFIG_GRAPHS;
+    if (c->state_pool) {
+        const int64_t elems = (int64_t)m->num_v_heads * m->head_dim_v * m->head_dim_k;
+        const int64_t slot = c->state_slot_stride ? c->state_slot_stride : elems;
+        const int64_t layer = c->state_layer_stride ? c->state_layer_stride : slot * c->num_slots;
+        const int64_t size = (int64_t)gdn_dtype_size(c->state_dtype);
+        if (c->state_slot_stride < 0 || c->state_layer_stride < 0 || slot < elems || layer < slot * c->num_slots ||
+            (slot * size) % 16 != 0 || (layer * size) % 16 != 0 || (uintptr_t)c->state_pool % 16 != 0)
+            return GDN_ECONFIG_POOL;
+    }
+    if (c->io_views)
+        for (int32_t l = 0; l < m->num_layers; l++) {
+            const gdn_layer_views *v = &c->io_views[l];
+            if (!v->q.data || !v->k.data || !v->v.data || !v->a.data || !v->b.data || !v->o.data)
+                return GDN_ECONFIG_VIEWS;
+            if (!view_keeps(&v->q, 16, 8) || !view_keeps(&v->k, 16, 8) || !view_keeps(&v->v, 4, 2))
+                return GDN_ECONFIG_VIEWS;
+        }
     return GDN_OK;
 }
 

@@ -54,6 +54,8 @@ struct gdn_engine {
                                  * row [1] */
 
     gdn_layer_io *io;     /* host [L] */
+    gdn_layer_views *views; /* host [L]: the caller's io views (config.io_views), or NULL */
+    int owns_state;       /* the pools are the engine's (not config.state_pool) */
     uint8_t *layer_ran;   /* host [L] */
     int32_t *row_staging; /* host [2 * max_batch]: padded read then write slots, as uploaded */
     int32_t *clear_list;  /* replay, ring: host [num_slots]: freed slots whose counts the next step clears */
@@ -186,13 +188,20 @@ static gdn_status allocate_everything(gdn_engine *e)
         return status;
     if ((status = gdn__slots_init(&e->slots, c->num_slots)) != GDN_OK) return status;
 
-    e->slot_stride = state_elems_per_slot(c);
-    e->state_layer_stride = e->slot_stride * c->num_slots;
-    status = backend_alloc(e, (size_t)(e->state_layer_stride * L) * state_size, &e->state, &e->memory.state_pools);
-    if (status != GDN_OK) return status;
+    if (c->state_pool) { /* the caller's pools */
+        e->slot_stride = c->state_slot_stride ? c->state_slot_stride : state_elems_per_slot(c);
+        e->state_layer_stride = c->state_layer_stride ? c->state_layer_stride : e->slot_stride * c->num_slots;
+        e->state = c->state_pool;
+    } else {
+        e->slot_stride = state_elems_per_slot(c);
+        e->state_layer_stride = e->slot_stride * c->num_slots;
+        status = backend_alloc(e, (size_t)(e->state_layer_stride * L) * state_size, &e->state, &e->memory.state_pools);
+        if (status != GDN_OK) return status;
+        e->owns_state = 1;
+    }
 
     if (c->verify_strategy == GDN_VERIFY_CACHE) {
-        e->cache_row_stride = e->slot_stride * c->max_tokens;
+        e->cache_row_stride = state_elems_per_slot(c) * c->max_tokens; /* dense, whatever the pool's slot stride */
         e->cache_layer_stride = e->cache_row_stride * c->max_batch;
         status = backend_alloc(e, (size_t)(e->cache_layer_stride * L) * state_size, &e->cache,
                                &e->memory.verify_cache);
@@ -218,7 +227,17 @@ static gdn_status allocate_everything(gdn_engine *e)
                                    (void **)&e->replay_meta, &e->memory.token_store);
         if (status != GDN_OK) return status;
     }
-    if ((status = allocate_io(e)) != GDN_OK) return status;
+    if (c->io_views) { /* the caller's tensors: keep a copy of the views */
+        e->views = gdn__calloc((size_t)L, sizeof *e->views);
+        if (!e->views) return GDN_ENOMEM;
+        memcpy(e->views, c->io_views, (size_t)L * sizeof *e->views);
+        e->config.io_views = e->views;
+        for (int32_t l = 0; l < L; l++)
+            e->io[l] = (gdn_layer_io){e->views[l].q.data, e->views[l].k.data, e->views[l].v.data,
+                                      e->views[l].a.data, e->views[l].b.data, e->views[l].o.data};
+    } else if ((status = allocate_io(e)) != GDN_OK) {
+        return status;
+    }
     status = backend_alloc(e, (size_t)L * 2 * (size_t)HV * sizeof(float), (void **)&e->params, &e->memory.parameters);
     if (status != GDN_OK) return status;
     return backend_alloc(e, (3 * (size_t)c->max_batch + 2) * sizeof(int32_t), (void **)&e->indices, &e->memory.indices);
@@ -233,7 +252,7 @@ static void release_everything(gdn_engine *e)
             gdn__graph_entry *entry = gdn__graph_cache_entry_at(&e->graphs, i);
             if (entry->exec) b->graph_destroy(e->backend.ctx, entry->exec);
         }
-        b->free(e->backend.ctx, e->state);
+        if (e->owns_state) b->free(e->backend.ctx, e->state);
         b->free(e->backend.ctx, e->cache);
         b->free(e->backend.ctx, e->token_store);
         b->free(e->backend.ctx, e->ring);
@@ -249,6 +268,7 @@ static void release_everything(gdn_engine *e)
     gdn__free(e->clear_list);
     gdn__free(e->clear_flag);
     gdn__free(e->io);
+    gdn__free(e->views);
     gdn__free(e->layer_ran);
     gdn__free(e->row_staging);
 }
@@ -361,9 +381,10 @@ gdn_status gdn_slot_free(gdn_engine *e, int32_t slot)
     return status;
 }
 
+/* One slot's state in one layer (HV * V * K elements; a caller's pool may leave gaps between slots). */
 static size_t slot_state_bytes(const gdn_engine *e)
 {
-    return (size_t)e->slot_stride * gdn_dtype_size(e->config.state_dtype);
+    return (size_t)state_elems_per_slot(&e->config) * gdn_dtype_size(e->config.state_dtype);
 }
 
 static void *slot_state(const gdn_engine *e, int32_t layer, int32_t slot)
@@ -615,6 +636,15 @@ static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind 
     p->write_slots = write_slots_buffer(e, bucket);
     p->output_dtype = c->output_dtype;
     p->out = io->o;
+    if (e->views) { /* the caller's tensors (all-zero strides: the dense prefix, as the engine's own) */
+        const gdn_layer_views *v = &e->views[layer];
+        p->q_strides = (gdn__strides){v->q.row_stride, v->q.token_stride, v->q.head_stride};
+        p->k_strides = (gdn__strides){v->k.row_stride, v->k.token_stride, v->k.head_stride};
+        p->v_strides = (gdn__strides){v->v.row_stride, v->v.token_stride, v->v.head_stride};
+        p->a_strides = (gdn__strides){v->a.row_stride, v->a.token_stride, v->a.head_stride};
+        p->b_strides = (gdn__strides){v->b.row_stride, v->b.token_stride, v->b.head_stride};
+        p->out_strides = (gdn__strides){v->o.row_stride, v->o.token_stride, v->o.head_stride};
+    }
     if (replay(e)) {
         p->token_store = (char *)e->token_store + (size_t)(layer * e->store_layer_stride) * gdn_dtype_size(c->input_dtype);
         p->store_tokens = c->max_tokens;

@@ -976,3 +976,175 @@ Test(engine, slot_operations_refuse_and_change_nothing)
     free(buf);
     gdn_engine_destroy(e);
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Caller-owned pools and tensors                                                                  */
+/* ---------------------------------------------------------------------------------------------- */
+
+enum { OWN_L = 2, OWN_SLOTS = 6, OWN_ROWS = 4, OWN_T = 3, OWN_HK = 2, OWN_HV = 4, OWN_D = 64 };
+
+/* Per layer and token: q | k | v | 8 spare in one fused projection (rows padded by 16), (a, b)
+ * interleaved per head (rows padded by 1), heads of o padded by 8. */
+#define OWN_N (2 * OWN_HK * OWN_D + OWN_HV * OWN_D + 8)
+typedef struct own_memory {
+    float *pool;
+    uint16_t *proj[OWN_L], *gates[OWN_L];
+    uint16_t *out[OWN_L];
+    gdn_layer_views views[OWN_L];
+} own_memory;
+
+static const int64_t own_slot_stride = OWN_HV * OWN_D * OWN_D + 64, own_layer_stride = OWN_SLOTS * (OWN_HV * OWN_D * OWN_D + 64) + 128;
+
+static void own_memory_init(own_memory *m)
+{
+    m->pool = malloc(sizeof(float) * (size_t)(OWN_L * own_layer_stride));
+    for (int64_t i = 0; i < OWN_L * own_layer_stride; i++) m->pool[i] = -4096.0f; /* the gaps must survive */
+    const int64_t proj_row = OWN_T * OWN_N + 16, gate_row = OWN_T * 2 * OWN_HV + 1;
+    const int64_t o_head = OWN_D + 8, o_token = OWN_HV * o_head, o_row = OWN_T * o_token;
+    for (int l = 0; l < OWN_L; l++) {
+        m->proj[l] = aligned_alloc(64, sizeof(uint16_t) * (size_t)(OWN_ROWS * proj_row + 64));
+        m->gates[l] = calloc((size_t)(OWN_ROWS * gate_row + 8), sizeof(uint16_t));
+        m->out[l] = calloc((size_t)(OWN_ROWS * o_row), sizeof(uint16_t));
+        m->views[l] = (gdn_layer_views){
+            .q = {m->proj[l], proj_row, OWN_N, OWN_D},
+            .k = {m->proj[l] + OWN_HK * OWN_D, proj_row, OWN_N, OWN_D},
+            .v = {m->proj[l] + 2 * OWN_HK * OWN_D, proj_row, OWN_N, OWN_D},
+            .a = {m->gates[l], gate_row, 2 * OWN_HV, 2},
+            .b = {m->gates[l] + 1, gate_row, 2 * OWN_HV, 2},
+            .o = {m->out[l], o_row, o_token, o_head},
+        };
+    }
+}
+
+static void own_memory_free(own_memory *m)
+{
+    free(m->pool);
+    for (int l = 0; l < OWN_L; l++) free(m->proj[l]), free(m->gates[l]), free(m->out[l]);
+}
+
+static uint16_t *view_at(const gdn_view *v, int32_t i, int32_t t, int32_t h)
+{
+    return (uint16_t *)v->data + i * v->row_stride + t * v->token_stride + h * v->head_stride;
+}
+
+/* Twin engines, one with its own memory and one over the caller's pool (gaps between slots and
+ * layers) and the caller's fused tensors: the same steps give bit-exact outputs and states, the
+ * gaps stay untouched, and the engine reports no pool or io memory of its own. */
+Test(engine, caller_pools_and_views_match_engine_memory)
+{
+    own_memory mem;
+    own_memory_init(&mem);
+    gdn_engine_config c = test_config("tiny", OWN_L, GDN_DTYPE_F32, OWN_SLOTS, OWN_ROWS, OWN_T);
+    c.verify_strategy = GDN_VERIFY_REPLAY;
+    gdn_engine *e[2];
+    for (int k = 0; k < 2; k++) {
+        gdn_engine_config ck = c;
+        if (k == 1) {
+            ck.state_pool = mem.pool, ck.state_slot_stride = own_slot_stride, ck.state_layer_stride = own_layer_stride;
+            ck.io_views = mem.views;
+        }
+        test_rng rng = test_rng_seeded(101);
+        e[k] = test_engine_create(&ck, &rng, NULL);
+        for (int32_t s = 0; s < OWN_SLOTS; s++) {
+            int32_t slot;
+            cr_assert_eq(gdn_slot_alloc(e[k], &slot), GDN_OK);
+            test_fill_slot_state(e[k], slot, &rng);
+        }
+    }
+    gdn_memory_report m;
+    cr_assert_eq(gdn_engine_memory(e[1], &m), GDN_OK);
+    cr_assert_eq(m.state_pools, 0);
+    cr_assert_eq(m.io_buffers, 0);
+    gdn_layer_io io;
+    cr_assert_eq(gdn_engine_layer_io(e[1], 1, &io), GDN_OK);
+    cr_assert_eq(io.q, mem.views[1].q.data);
+    cr_assert_eq(gdn_engine_get_config(e[1])->io_views[1].o.data, mem.views[1].o.data);
+    test_rng rng = test_rng_seeded(102);
+    for (int step = 0; step < 12; step++) {
+        const int verify = step % 2;
+        const int32_t T = verify ? 1 + test_rng_below(&rng, OWN_T) : 1, B = 1 + test_rng_below(&rng, OWN_ROWS);
+        const int32_t rows[OWN_ROWS] = {(step + 1) % OWN_SLOTS, (step + 3) % OWN_SLOTS, -1, (step + 4) % OWN_SLOTS};
+        int32_t accepted[OWN_ROWS];
+        for (int32_t i = 0; i < B; i++) accepted[i] = test_rng_below(&rng, T + 1);
+        for (int32_t l = 0; l < OWN_L; l++) {
+            test_inputs in;
+            test_write_inputs(e[0], l, B, T, &rng, &in); /* dense, into the engine's own buffers */
+            gdn_layer_io own;
+            gdn_engine_layer_io(e[0], l, &own);
+            const uint16_t *q = own.q, *k = own.k, *v = own.v, *a = own.a, *b = own.b;
+            const gdn_layer_views *w = &mem.views[l];
+            for (int32_t i = 0; i < B; i++)
+                for (int32_t t = 0; t < T; t++) {
+                    const int64_t tok = (int64_t)i * T + t;
+                    for (int32_t h = 0; h < OWN_HK; h++) {
+                        memcpy(view_at(&w->q, i, t, h), q + (tok * OWN_HK + h) * OWN_D, 2 * OWN_D);
+                        memcpy(view_at(&w->k, i, t, h), k + (tok * OWN_HK + h) * OWN_D, 2 * OWN_D);
+                    }
+                    for (int32_t h = 0; h < OWN_HV; h++) {
+                        memcpy(view_at(&w->v, i, t, h), v + (tok * OWN_HV + h) * OWN_D, 2 * OWN_D);
+                        *view_at(&w->a, i, t, h) = a[tok * OWN_HV + h];
+                        *view_at(&w->b, i, t, h) = b[tok * OWN_HV + h];
+                    }
+                }
+            test_inputs_free(&in);
+        }
+        for (int k = 0; k < 2; k++) {
+            test_run_step(e[k], verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, T, B, rows, NULL);
+            if (verify) {
+                test_set_accepted(e[k], accepted, B);
+                cr_assert_eq(gdn_engine_commit(e[k], NULL), GDN_OK);
+            }
+        }
+        for (int32_t l = 0; l < OWN_L; l++) {
+            gdn_layer_io own;
+            gdn_engine_layer_io(e[0], l, &own);
+            const uint16_t *o = own.o;
+            for (int32_t i = 0; i < B; i++)
+                for (int32_t t = 0; t < T; t++)
+                    for (int32_t h = 0; h < OWN_HV; h++)
+                        cr_assert_eq(memcmp(view_at(&mem.views[l].o, i, t, h), o + (((int64_t)i * T + t) * OWN_HV + h) * OWN_D,
+                                            2 * OWN_D), 0, "step %d layer %d row %d token %d head %d: outputs differ",
+                                     step, l, i, t, h);
+        }
+    }
+    for (int32_t l = 0; l < OWN_L; l++)
+        for (int32_t s = 0; s < OWN_SLOTS; s++) {
+            double *x = test_read_state(e[0], l, s), *y = test_read_state(e[1], l, s);
+            cr_assert_eq(memcmp(x, y, test_state_elems(e[0]) * sizeof(double)), 0, "layer %d slot %d", l, s);
+            free(x), free(y);
+        }
+    for (int64_t i = 0; i < OWN_L * own_layer_stride; i++) {
+        const int64_t in_layer = i % own_layer_stride;
+        const int gap = in_layer >= OWN_SLOTS * own_slot_stride || in_layer % own_slot_stride >= OWN_HV * OWN_D * OWN_D;
+        if (gap) cr_assert_eq(mem.pool[i], -4096.0f, "the engine wrote a gap of the caller's pool (element %lld)", (long long)i);
+    }
+    for (int k = 0; k < 2; k++) gdn_engine_destroy(e[k]);
+    own_memory_free(&mem);
+}
+
+Test(engine, caller_pool_and_view_refusals)
+{
+    own_memory mem;
+    own_memory_init(&mem);
+    gdn_engine_config c = test_config("tiny", OWN_L, GDN_DTYPE_F32, OWN_SLOTS, OWN_ROWS, OWN_T);
+    c.backend = GDN_BACKEND_CPU;
+    gdn_engine *e = NULL;
+    gdn_engine_config bad = c;
+    bad.state_pool = mem.pool, bad.state_slot_stride = OWN_HV * OWN_D * OWN_D - 4;
+    cr_assert_eq(gdn_engine_create(&bad, &e), GDN_ECONFIG_POOL, "slot stride below HV V K");
+    bad.state_slot_stride = own_slot_stride, bad.state_layer_stride = own_slot_stride * OWN_SLOTS - 4;
+    cr_assert_eq(gdn_engine_create(&bad, &e), GDN_ECONFIG_POOL, "layer stride below num_slots x slot stride");
+    bad.state_layer_stride = 0, bad.state_slot_stride = own_slot_stride + 1;
+    cr_assert_eq(gdn_engine_create(&bad, &e), GDN_ECONFIG_POOL, "slot stride not a multiple of 16 bytes");
+    bad = c;
+    gdn_layer_views views[OWN_L];
+    memcpy(views, mem.views, sizeof views);
+    bad.io_views = views;
+    views[1].o.data = NULL;
+    cr_assert_eq(gdn_engine_create(&bad, &e), GDN_ECONFIG_VIEWS, "a view without data");
+    memcpy(views, mem.views, sizeof views);
+    views[0].k.token_stride += 1;
+    cr_assert_eq(gdn_engine_create(&bad, &e), GDN_ECONFIG_VIEWS, "k heads not 16-byte aligned");
+    cr_assert_null(e);
+    own_memory_free(&mem);
+}

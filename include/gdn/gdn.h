@@ -84,6 +84,8 @@ GDN_API int gdn_version(void);
     XX(ECONFIG_SCALE, -32, "config: scale must be finite and >= 0 (0 selects K^-0.5)")             \
     XX(ECONFIG_GRAPHS, -33, "config: graph_mode is not a known mode")                              \
     XX(ECONFIG_RING, -34, "config: ring_length must be 0 (the default) or 4..32")                  \
+    XX(ECONFIG_POOL, -35, "config: state_pool strides too small, or not 16-byte aligned")          \
+    XX(ECONFIG_VIEWS, -36, "config: an io view has no data, or breaks the alignment its tensor needs") \
     XX(ESTEP_KIND, -40, "step: kind must be GDN_STEP_DECODE or GDN_STEP_VERIFY")                   \
     XX(ESTEP_BATCH, -41, "step: batch must be between 0 and max_batch")                            \
     XX(ESTEP_TOKENS, -42, "step: tokens must be 1 for decode and 1..max_tokens for verify")        \
@@ -182,6 +184,27 @@ typedef enum gdn_step_kind {
 /* Configuration                                                                                    */
 /* ---------------------------------------------------------------------------------------------- */
 
+/*
+ * A per-token tensor where it lies: element (row i, token t, head h, d) is at
+ * data + i * row_stride + t * token_stride + h * head_stride + d, in elements of its dtype (the last
+ * dimension contiguous). All three strides 0 means dense [batch, tokens, heads, D]. A column slice of
+ * a fused projection output [B, T, N] is (data + first column, T * N, N, D). On CUDA, q and k (and v
+ * under the replay and ring strategies) are read in 16-byte pieces: their data and strides must keep
+ * every head 16-byte aligned (v: 4-byte), else the op returns GDN_ENOTSUP.
+ */
+typedef struct gdn_view {
+    void *data;
+    int64_t row_stride;
+    int64_t token_stride;
+    int64_t head_stride;
+} gdn_view;
+
+/* One layer's step tensors where the caller keeps them (gdn_engine_config.io_views). */
+typedef struct gdn_layer_views {
+    gdn_view q, k, v, a, b; /* inputs [rows, T, HK, K] x 2, [rows, T, HV, V], [rows, T, HV] x 2 */
+    gdn_view o;             /* output [rows, T, HV, V] */
+} gdn_layer_views;
+
 /* Geometry of one GDN layer (all layers of an engine share it). SPEC section 1 names. */
 typedef struct gdn_model_config {
     int32_t num_layers;  /* GDN layers driven by the engine, >= 1 */
@@ -225,6 +248,25 @@ typedef struct gdn_engine_config {
     gdn_status (*capture)(void *user, gdn_engine *engine, gdn_step_kind kind, int32_t tokens,
                           int32_t bucket, void *capture_stream);
     void *capture_user;
+
+    /*
+     * Caller-owned memory (backend memory that stays valid until gdn_engine_destroy; NULL: the
+     * engine allocates its own). The engine then allocates only what is missing.
+     * state_pool: every layer's pool, slot s of layer l at state_pool + l * state_layer_stride +
+     *   s * state_slot_stride elements of state_dtype (a stride of 0: dense; the slot stride must be
+     *   >= HV * V * K and the layer stride >= num_slots * slot stride, both multiples of 16 bytes, the
+     *   pointer 16-byte aligned; else GDN_ECONFIG_POOL). The engine never zeroes it and touches only
+     *   each slot's HV * V * K elements.
+     * io_views: [num_layers] views of each layer's q, k, v, a, b and o, for max_batch rows and
+     *   max_tokens tokens (copied at creation; their addresses are baked into the step graphs). A
+     *   view whose strides are all 0 is the dense [bucket, T, H, D] prefix, as the engine's own
+     *   buffers. q and k must keep every head 16-byte aligned and v 4-byte aligned (the CUDA kernels'
+     *   vector copies), else GDN_ECONFIG_VIEWS. gdn_engine_layer_io then returns the views' pointers.
+     */
+    void *state_pool;
+    int64_t state_slot_stride;
+    int64_t state_layer_stride;
+    const gdn_layer_views *io_views;
 } gdn_engine_config;
 
 /*

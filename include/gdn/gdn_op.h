@@ -28,20 +28,7 @@
 extern "C" {
 #endif
 
-/*
- * A per-token tensor where it lies: element (row i, token t, head h, d) is at
- * data + i * row_stride + t * token_stride + h * head_stride + d, in elements of its dtype (the last
- * dimension contiguous). All three strides 0 means dense [batch, tokens, heads, D]. A column slice of
- * a fused projection output [B, T, N] is (data + first column, T * N, N, D). On CUDA, q and k (and v
- * under the replay and ring strategies) are read in 16-byte pieces: their data and strides must keep
- * every head 16-byte aligned (v: 4-byte), else the op returns GDN_ENOTSUP.
- */
-typedef struct gdn_view {
-    void *data;
-    int64_t row_stride;
-    int64_t token_stride;
-    int64_t head_stride;
-} gdn_view;
+/* gdn_view (a strided per-token tensor) is declared in gdn.h. */
 
 /* One layer step. */
 typedef struct gdn_op_layer {
