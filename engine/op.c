@@ -24,6 +24,8 @@ typedef struct op_layout {
     int32_t ring_length;
     int64_t counts;           /* REPLAY pending / RING record counts: int32 [num_slots] */
     int64_t arrivals;         /* REPLAY, RING: uint32 [max_batch], zero between steps */
+    int64_t flush_row;        /* REPLAY, RING: int32, the row of a single-slot write-back */
+    int64_t side_bytes;       /* REPLAY, RING: one slot's stored tokens or records */
     int64_t scratch;          /* CPU: the reference's scratch */
     int64_t bytes;
 } op_layout;
@@ -71,17 +73,20 @@ static op_layout layout_of(const gdn_op_layer *op)
     } else {
         if (op->strategy == GDN_VERIFY_REPLAY) {
             l.token_store = at;
-            at = align256(at + slots * op->max_tokens * gdn__token_elems(HK, HV, K, V) * in_size);
+            l.side_bytes = op->max_tokens * gdn__token_elems(HK, HV, K, V) * in_size;
         } else {
             l.ring_length = op->ring_length ? op->ring_length : GDN_DEFAULT_RING_LENGTH;
             l.ring_capacity = l.ring_length > op->max_tokens ? l.ring_length : op->max_tokens;
             l.ring = at;
-            at = align256(at + slots * l.ring_capacity * gdn__ring_record_bytes(HK, HV, K, V));
+            l.side_bytes = l.ring_capacity * gdn__ring_record_bytes(HK, HV, K, V);
         }
+        at = align256(at + slots * l.side_bytes);
         l.counts = at;
         at = align256(at + slots * (int64_t)sizeof(int32_t));
         l.arrivals = at;
         at = align256(at + op->max_batch * (int64_t)sizeof(uint32_t));
+        l.flush_row = at;
+        at = align256(at + (int64_t)sizeof(int32_t));
     }
     if (op->backend == GDN_BACKEND_CPU) {
         l.scratch = at;
@@ -235,4 +240,184 @@ gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted, void *
     (void)stream;
     return GDN_ENODEV;
 #endif
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Flush and slot operations                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The description without a step: what slot operations need (pool, workspace, strategy). */
+static gdn_status prepare_slots(const gdn_op_layer *op, op_layout *layout)
+{
+    if (!op) return GDN_EINVAL;
+    gdn_status status = check_description(op);
+    if (status != GDN_OK) return status;
+    const gdn_model_config *m = &op->model;
+    if (!op->pool.data || !op->workspace || op->pool.slot_stride < (int64_t)m->num_v_heads * m->head_dim_v * m->head_dim_k)
+        return GDN_EINVAL;
+#ifndef GDN_HAVE_CUDA
+    if (op->backend == GDN_BACKEND_CUDA) return GDN_ENODEV;
+#endif
+    *layout = layout_of(op);
+    return GDN_OK;
+}
+
+static gdn_status run_slot_copy(const gdn_op_layer *op, const gdn__slot_copy_params *p, void *stream)
+{
+    if (op->backend == GDN_BACKEND_CPU) {
+        gdn__ref_slot_copy(p);
+        return GDN_OK;
+    }
+#ifdef GDN_HAVE_CUDA
+    return gdn__cuda_slot_copy(p, stream);
+#else
+    (void)stream;
+    return GDN_ENODEV;
+#endif
+}
+
+static gdn_status run_layer(const gdn_op_layer *op, const gdn__layer_params *p, const op_layout *layout, void *stream)
+{
+    if (op->backend == GDN_BACKEND_CPU) {
+        gdn__ref_layer_step_in(p, (char *)op->workspace + layout->scratch);
+        return GDN_OK;
+    }
+#ifdef GDN_HAVE_CUDA
+    return gdn__cuda_layer_step(p, stream);
+#else
+    (void)stream;
+    return GDN_ENODEV;
+#endif
+}
+
+static int64_t slot_state_offset(const gdn_op_layer *op, int32_t slot)
+{
+    return (int64_t)slot * op->pool.slot_stride * (int64_t)gdn_dtype_size(op->pool.dtype);
+}
+static int64_t state_bytes(const gdn_op_layer *op)
+{
+    const gdn_model_config *m = &op->model;
+    return (int64_t)m->num_v_heads * m->head_dim_v * m->head_dim_k * (int64_t)gdn_dtype_size(op->pool.dtype);
+}
+static int keeps_work(const gdn_op_layer *op) { return op->strategy != GDN_VERIFY_CACHE; }
+static char *side_of(const gdn_op_layer *op, const op_layout *l, int32_t slot)
+{
+    return (char *)op->workspace + (op->strategy == GDN_VERIFY_REPLAY ? l->token_store : l->ring) +
+           (size_t)(slot * l->side_bytes);
+}
+static int32_t *count_of(const gdn_op_layer *op, const op_layout *l, int32_t slot)
+{
+    return (int32_t *)((char *)op->workspace + l->counts) + slot;
+}
+
+/* A zero-token step of `count` rows read from `rows` (backend memory): their pending work written
+ * back in place. */
+static gdn_status write_back(const gdn_op_layer *op, const op_layout *layout, const int32_t *rows, int32_t count,
+                             void *stream)
+{
+    const gdn_model_config *m = &op->model;
+    char *ws = op->workspace;
+    gdn__layer_params p = {
+        .B = count,
+        .T = 0,
+        .HK = m->num_k_heads,
+        .HV = m->num_v_heads,
+        .K = m->head_dim_k,
+        .V = m->head_dim_v,
+        .scale = m->scale > 0.0f ? m->scale : 1.0f / sqrtf((float)m->head_dim_k),
+        .use_qk_l2norm = m->use_qk_l2norm,
+        .input_dtype = op->input_dtype,
+        /* T = 0 reads no token input and writes no output; the kernels still want valid pointers. */
+        .q = ws, .k = ws, .v = ws, .a = ws, .b = ws, .out = ws,
+        .A_log = op->A_log,
+        .dt_bias = op->dt_bias,
+        .state_dtype = op->pool.dtype,
+        .state = op->pool.data,
+        .num_slots = op->pool.num_slots,
+        .slot_stride = op->pool.slot_stride,
+        .read_slots = rows,
+        .output_dtype = op->output_dtype,
+        .error_flag = op->error_flag,
+        .arrivals = (uint32_t *)(ws + layout->arrivals),
+    };
+    if (op->strategy == GDN_VERIFY_REPLAY) {
+        p.token_store = ws + layout->token_store, p.store_tokens = op->max_tokens;
+        p.pending = (int32_t *)(ws + layout->counts);
+    } else {
+        p.ring = ws + layout->ring, p.ring_capacity = layout->ring_capacity, p.ring_length = layout->ring_length;
+        p.ring_count = (int32_t *)(ws + layout->counts);
+    }
+    return run_layer(op, &p, layout, stream);
+}
+
+gdn_status gdn_op_flush(const gdn_op_layer *op, const int32_t *slots, int32_t count, void *stream)
+{
+    op_layout layout;
+    gdn_status status = prepare_slots(op, &layout);
+    if (status != GDN_OK) return status;
+    if (!op->A_log || !op->dt_bias || (count > 0 && !slots)) return GDN_EINVAL;
+    if (count < 0 || count > op->max_batch) return GDN_ESTEP_BATCH;
+    if (!keeps_work(op) || count == 0) return GDN_OK;
+    return write_back(op, &layout, slots, count, stream);
+}
+
+static gdn_status check_slot(const gdn_op_layer *op, int32_t slot)
+{
+    return slot < 0 || slot >= op->pool.num_slots ? GDN_ESLOT_RANGE : GDN_OK;
+}
+
+gdn_status gdn_op_slot_copy(const gdn_op_layer *op, int32_t dst, int32_t src, void *stream)
+{
+    op_layout l;
+    gdn_status status = prepare_slots(op, &l);
+    if (status == GDN_OK) status = check_slot(op, dst);
+    if (status == GDN_OK) status = check_slot(op, src);
+    if (status != GDN_OK) return status;
+    if (dst == src) return GDN_EINVAL;
+    char *pool = op->pool.data;
+    gdn__slot_copy_params p = {.layers = 1};
+    p.region[p.regions++] = (gdn__slot_region){pool + slot_state_offset(op, src), pool + slot_state_offset(op, dst),
+                                               state_bytes(op), 0, 0};
+    if (keeps_work(op)) {
+        p.region[p.regions++] = (gdn__slot_region){side_of(op, &l, src), side_of(op, &l, dst), l.side_bytes, 0, 0};
+        p.region[p.regions++] = (gdn__slot_region){count_of(op, &l, src), count_of(op, &l, dst), sizeof(int32_t), 0, 0};
+    }
+    return run_slot_copy(op, &p, stream);
+}
+
+gdn_status gdn_op_slot_import(const gdn_op_layer *op, int32_t slot, const void *src, void *stream)
+{
+    op_layout l;
+    gdn_status status = prepare_slots(op, &l);
+    if (status == GDN_OK) status = check_slot(op, slot);
+    if (status != GDN_OK) return status;
+    gdn__slot_copy_params p = {.layers = 1};
+    /* src NULL: a reset (zeros) */
+    p.region[p.regions++] = (gdn__slot_region){src, (char *)op->pool.data + slot_state_offset(op, slot), state_bytes(op), 0, 0};
+    if (keeps_work(op)) p.region[p.regions++] = (gdn__slot_region){NULL, count_of(op, &l, slot), sizeof(int32_t), 0, 0};
+    return run_slot_copy(op, &p, stream);
+}
+
+gdn_status gdn_op_slot_reset(const gdn_op_layer *op, int32_t slot, void *stream)
+{
+    return gdn_op_slot_import(op, slot, NULL, stream);
+}
+
+gdn_status gdn_op_slot_export(const gdn_op_layer *op, int32_t slot, void *dst, void *stream)
+{
+    op_layout l;
+    gdn_status status = prepare_slots(op, &l);
+    if (status == GDN_OK) status = check_slot(op, slot);
+    if (status != GDN_OK) return status;
+    if (!dst || (keeps_work(op) && (!op->A_log || !op->dt_bias))) return GDN_EINVAL;
+    if (keeps_work(op)) { /* write the slot's pending work back first: its row set by a launch */
+        int32_t *row = (int32_t *)((char *)op->workspace + l.flush_row);
+        const gdn__slot_copy_params set = {.layers = 1, .set_at = row, .set_value = slot};
+        status = run_slot_copy(op, &set, stream);
+        if (status == GDN_OK) status = write_back(op, &l, row, 1, stream);
+        if (status != GDN_OK) return status;
+    }
+    gdn__slot_copy_params p = {.layers = 1};
+    p.region[p.regions++] = (gdn__slot_region){(char *)op->pool.data + slot_state_offset(op, slot), dst, state_bytes(op), 0, 0};
+    return run_slot_copy(op, &p, stream);
 }

@@ -82,6 +82,27 @@ GDN_API gdn_status gdn_op_layer_step(const gdn_op_layer *op, void *stream);
  */
 GDN_API gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted, void *stream);
 
+/*
+ * Pending work and slots (one layer: the op's pool and workspace; the step fields are not read).
+ * All enqueue on `stream` and are capturable; slot numbers are host values baked into the launch.
+ *   flush: the pending work of slots[0..count) (backend memory; < 0 skipped; count <= max_batch)
+ *     is written into their states in place (replay: accepted tokens folded; ring: records written
+ *     back); nothing to do under CACHE.
+ *   slot_copy: dst becomes src, pending work included (nothing is folded).
+ *   slot_import: the slot's state becomes src (HV * V * K elements of the pool's dtype, backend
+ *     memory), pending work dropped; slot_reset: the same with zeros.
+ *   slot_export: dst becomes the slot's current state (under replay and ring its pending work is
+ *     written back in place first).
+ * GDN_ESLOT_RANGE for a slot outside the pool, GDN_EINVAL for NULL buffers, dst == src, or (flush,
+ * export under replay and ring) NULL A_log / dt_bias; GDN_ESTEP_BATCH for a count outside
+ * 0..max_batch; the description's own codes as gdn_op_layer_step.
+ */
+GDN_API gdn_status gdn_op_flush(const gdn_op_layer *op, const int32_t *slots, int32_t count, void *stream);
+GDN_API gdn_status gdn_op_slot_copy(const gdn_op_layer *op, int32_t dst, int32_t src, void *stream);
+GDN_API gdn_status gdn_op_slot_import(const gdn_op_layer *op, int32_t slot, const void *src, void *stream);
+GDN_API gdn_status gdn_op_slot_reset(const gdn_op_layer *op, int32_t slot, void *stream);
+GDN_API gdn_status gdn_op_slot_export(const gdn_op_layer *op, int32_t slot, void *dst, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
