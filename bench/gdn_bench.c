@@ -33,31 +33,17 @@
 #include "kernels/dtype_convert.h"
 #include "kernels/gdn_cuda.h"
 #include "kernels/ref/gdn_ref.h"
+#include "kernels/ref/gdn_spec.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Helpers                                                                                          */
 /* ---------------------------------------------------------------------------------------------- */
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static gdn__rng bench_rng = {0x9e3779b97f4a7c15ull}; /* the tests' source (kernels/ref/gdn_spec.h) */
 
-void gdn_bench_rng_seed(uint64_t seed) { rng_state = seed; }
-
-uint64_t gdn_bench_rng_next(void)
-{
-    uint64_t x = rng_state; /* xorshift64* */
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    rng_state = x;
-    return x * 0x2545f4914f6cdd1dull;
-}
-
-double gdn_bench_rng_normal(void)
-{
-    double u1 = ((gdn_bench_rng_next() >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (gdn_bench_rng_next() >> 11) / 9007199254740992.0;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
+void gdn_bench_rng_seed(uint64_t seed) { bench_rng = gdn__rng_seeded(seed); }
+uint64_t gdn_bench_rng_next(void) { return gdn__rng_next(&bench_rng); }
+double gdn_bench_rng_normal(void) { return gdn__rng_normal(&bench_rng); }
 
 /* n elements of `dtype` drawn from sigma * N(0, 1). */
 static void fill_normal(void *dst, gdn_dtype dtype, int64_t n, double sigma)
@@ -178,14 +164,11 @@ int gdn_bench_copy_ceiling(cudaStream_t s, double *gbps)
 /* Validation against the float64 reference                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Tolerances of SPEC 4. */
+/* Tolerances of SPEC 4 (kernels/ref/gdn_spec.h). */
 static void tolerances(gdn_dtype state, double *out_abs, double *out_rel, double *st_abs, double *st_rel)
 {
-    if (state == GDN_DTYPE_F32) {
-        *out_abs = 1e-2, *out_rel = 1e-2, *st_abs = 1e-2, *st_rel = 1e-2;
-    } else {
-        *out_abs = 1e-3, *out_rel = 5e-3, *st_abs = 0.016, *st_rel = 5e-3;
-    }
+    const gdn__tolerance t = gdn__spec4_tolerance(state);
+    *out_abs = t.out_abs, *out_rel = t.out_rel, *st_abs = t.state_abs, *st_rel = t.state_rel;
 }
 
 /* Max of |got - want| / (abs + rel * |want|) over n elements; NaN counts as infinitely wrong. */

@@ -67,10 +67,10 @@ static void append_pending(const gdn_engine_config *c, request *r, const test_in
     r->npending += count;
 }
 
-static double out_abs_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 1e-3 : 1e-2; }
-static double out_rel_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 5e-3 : 1e-2; }
-static double state_abs_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 0.016 : 1e-2; }
-static double state_rel_tol(gdn_dtype s) { return s == GDN_DTYPE_BF16 ? 5e-3 : 1e-2; }
+static double out_abs_tol(gdn_dtype s) { return gdn__spec4_tolerance(s).out_abs; }
+static double out_rel_tol(gdn_dtype s) { return gdn__spec4_tolerance(s).out_rel; }
+static double state_abs_tol(gdn_dtype s) { return gdn__spec4_tolerance(s).state_abs; }
+static double state_rel_tol(gdn_dtype s) { return gdn__spec4_tolerance(s).state_rel; }
 
 static void admit(gdn_engine *e, request *r, test_rng *rng, int32_t layers, size_t elems, int32_t request_scale)
 {

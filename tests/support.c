@@ -10,25 +10,10 @@
 #include "kernels/dtype_convert.h"
 #include "kernels/ref/gdn_ref.h"
 
-test_rng test_rng_seeded(uint64_t seed) { return (test_rng){seed * 0x9e3779b97f4a7c15ull + 1}; }
-
-static uint64_t next_u64(test_rng *rng)
-{
-    uint64_t z = (rng->state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-double test_rng_uniform(test_rng *rng) { return (double)(next_u64(rng) >> 11) * 0x1.0p-53; }
-
-double test_rng_normal(test_rng *rng)
-{
-    const double u1 = 1.0 - test_rng_uniform(rng), u2 = test_rng_uniform(rng);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-int32_t test_rng_below(test_rng *rng, int32_t n) { return (int32_t)(next_u64(rng) % (uint64_t)n); }
+test_rng test_rng_seeded(uint64_t seed) { return gdn__rng_seeded(seed); }
+double test_rng_uniform(test_rng *rng) { return gdn__rng_uniform(rng); }
+double test_rng_normal(test_rng *rng) { return gdn__rng_normal(rng); }
+int32_t test_rng_below(test_rng *rng, int32_t n) { return (int32_t)(gdn__rng_next(rng) % (uint64_t)n); }
 
 gdn_engine_config test_config(const char *preset, int32_t layers, gdn_dtype state_dtype, int32_t num_slots,
                               int32_t max_batch, int32_t max_tokens)

@@ -10,11 +10,11 @@
 #include <stdint.h>
 
 #include "gdn/gdn.h"
+#include "kernels/ref/gdn_spec.h"
 
 /* ---- random numbers (splitmix64 + Box-Muller), deterministic per seed ---- */
-typedef struct test_rng {
-    uint64_t state;
-} test_rng;
+/* The one random source of tests and bench (kernels/ref/gdn_spec.h). */
+typedef gdn__rng test_rng;
 
 test_rng test_rng_seeded(uint64_t seed);
 double test_rng_uniform(test_rng *rng); /* [0, 1) */

@@ -72,10 +72,10 @@ static void slice_row(const void *src, void *dst, size_t row_bytes, int32_t row)
     memcpy(dst, (const char *)src + row_bytes * (size_t)row, row_bytes);
 }
 
-static double output_abs_tol(gdn_dtype state) { return state == GDN_DTYPE_BF16 ? 1e-3 : 1e-2; }
-static double output_rel_tol(gdn_dtype state) { return state == GDN_DTYPE_BF16 ? 5e-3 : 1e-2; }
-static double state_abs_tol(gdn_dtype state) { return state == GDN_DTYPE_BF16 ? 0.016 : 1e-2; }
-static double state_rel_tol(gdn_dtype state) { return state == GDN_DTYPE_BF16 ? 5e-3 : 1e-2; }
+static double output_abs_tol(gdn_dtype state) { return gdn__spec4_tolerance(state).out_abs; }
+static double output_rel_tol(gdn_dtype state) { return gdn__spec4_tolerance(state).out_rel; }
+static double state_abs_tol(gdn_dtype state) { return gdn__spec4_tolerance(state).state_abs; }
+static double state_rel_tol(gdn_dtype state) { return gdn__spec4_tolerance(state).state_rel; }
 
 typedef struct case_result {
     double worst_output, worst_state; /* as a fraction of tolerance */
@@ -467,12 +467,13 @@ Test(gpu_engine, engine_decode_verify_commit_match_the_cpu_engine)
         for (int32_t l = 0; l < 2; l++) {
             double *og = test_read_outputs(gpu, l, 3, T), *oc = test_read_outputs(cpu, l, 3, T);
             const size_t n = (size_t)3 * T * 32 * 128;
-            const double ratio = test_error_ratio(og, oc, n, 1e-3, 5e-3);
+            const gdn__tolerance bf16 = gdn__spec4_tolerance(GDN_DTYPE_BF16);
+            const double ratio = test_error_ratio(og, oc, n, bf16.out_abs, bf16.out_rel);
             cr_assert_leq(ratio, 1.0, "step %d layer %d outputs: %.0f%% of tolerance", step, l, 100 * ratio);
             free(og), free(oc);
             for (int i = 0; i < 3; i++) {
                 double *sg = test_read_state(gpu, l, rows[i]), *sc = test_read_state(cpu, l, rows[i]);
-                const double sr = test_error_ratio(sg, sc, 32 * 128 * 128, 0.016, 5e-3);
+                const double sr = test_error_ratio(sg, sc, 32 * 128 * 128, bf16.state_abs, bf16.state_rel);
                 cr_assert_leq(sr, 1.0, "step %d layer %d row %d state: %.0f%% of tolerance", step, l, i, 100 * sr);
                 free(sg), free(sc);
             }
