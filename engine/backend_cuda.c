@@ -52,6 +52,23 @@ static void leave_device(device_guard guard)
     if (guard.switched) cudaSetDevice(guard.previous);
 }
 
+/* A backend entry point `name` whose body, name##_here, runs with the engine's device current. */
+#define GDN__ON_DEVICE(name, params, args)                                                          \
+    static gdn_status name params                                                                  \
+    {                                                                                              \
+        const device_guard guard = enter_device(ctx);                                              \
+        const gdn_status result = name##_here args;                                                \
+        leave_device(guard);                                                                       \
+        return result;                                                                             \
+    }
+#define GDN__ON_DEVICE_VOID(name, params, args)                                                     \
+    static void name params                                                                        \
+    {                                                                                              \
+        const device_guard guard = enter_device(ctx);                                              \
+        name##_here args;                                                                          \
+        leave_device(guard);                                                                       \
+    }
+
 /* Records the failing call and converts it to GDN_ECUDA (GDN_ENOMEM for allocation failures). */
 static gdn_status record_error(cuda_backend *cu, cudaError_t err, const char *expr, int line)
 {
@@ -91,51 +108,29 @@ static gdn_status cuda_alloc_here(void *ctx, size_t bytes, void **out)
     }
     return GDN_OK;
 }
-static gdn_status cuda_alloc(void *ctx, size_t bytes, void **out)
-{
-    const device_guard guard = enter_device(ctx);
-    const gdn_status result = cuda_alloc_here(ctx, bytes, out);
-    leave_device(guard);
-    return result;
-}
+GDN__ON_DEVICE(cuda_alloc, (void *ctx, size_t bytes, void **out), (ctx, bytes, out))
 
 static void cuda_free_here(void *ctx, void *ptr)
 {
     (void)ctx;
     if (ptr) cudaFree(ptr);
 }
-static void cuda_free(void *ctx, void *ptr)
-{
-    const device_guard guard = enter_device(ctx);
-    cuda_free_here(ctx, ptr);
-    leave_device(guard);
-}
+GDN__ON_DEVICE_VOID(cuda_free, (void *ctx, void *ptr), (ctx, ptr))
 
 static gdn_status cuda_zero_here(void *ctx, void *ptr, size_t bytes, void *stream)
 {
     GDN__CUDA_TRY((cuda_backend *)ctx, cudaMemsetAsync(ptr, 0, bytes, (cudaStream_t)stream));
     return GDN_OK;
 }
-static gdn_status cuda_zero(void *ctx, void *ptr, size_t bytes, void *stream)
-{
-    const device_guard guard = enter_device(ctx);
-    const gdn_status result = cuda_zero_here(ctx, ptr, bytes, stream);
-    leave_device(guard);
-    return result;
-}
+GDN__ON_DEVICE(cuda_zero, (void *ctx, void *ptr, size_t bytes, void *stream), (ctx, ptr, bytes, stream))
 
 static gdn_status cuda_copy_here(void *ctx, void *dst, const void *src, size_t bytes, void *stream)
 {
     GDN__CUDA_TRY((cuda_backend *)ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream));
     return GDN_OK;
 }
-static gdn_status cuda_copy(void *ctx, void *dst, const void *src, size_t bytes, void *stream)
-{
-    const device_guard guard = enter_device(ctx);
-    const gdn_status result = cuda_copy_here(ctx, dst, src, bytes, stream);
-    leave_device(guard);
-    return result;
-}
+GDN__ON_DEVICE(cuda_copy, (void *ctx, void *dst, const void *src, size_t bytes, void *stream),
+               (ctx, dst, src, bytes, stream))
 
 static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count, const int32_t *clears, int32_t n_clears)
 {
@@ -152,8 +147,8 @@ static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count,
     return GDN_OK;
 }
 
-static gdn_status cuda_fetch_rows_here(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t num_slots,
-                                  void *stream)
+static gdn_status cuda_fetch_rows_here(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers,
+                                       int64_t num_slots, void *stream)
 {
     cuda_backend *cu = ctx;
     const gdn__fetch_params p = {
@@ -171,14 +166,9 @@ static gdn_status cuda_fetch_rows_here(void *ctx, int32_t *dst, int32_t *pending
     if (status == GDN_ECUDA) record_launch_failure(cu, "gdn__cuda_fetch_rows");
     return status;
 }
-static gdn_status cuda_fetch_rows(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t num_slots,
-                                  void *stream)
-{
-    const device_guard guard = enter_device(ctx);
-    const gdn_status result = cuda_fetch_rows_here(ctx, dst, pending, num_layers, num_slots, stream);
-    leave_device(guard);
-    return result;
-}
+GDN__ON_DEVICE(cuda_fetch_rows,
+               (void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t num_slots, void *stream),
+               (ctx, dst, pending, num_layers, num_slots, stream))
 
 static void cuda_consume_rows(void *ctx) { ((cuda_backend *)ctx)->host_seq++; }
 
@@ -188,13 +178,7 @@ static gdn_status cuda_layer_step_here(void *ctx, const gdn__layer_params *param
     if (status == GDN_ECUDA) record_launch_failure(ctx, "gdn__cuda_layer_step");
     return status;
 }
-static gdn_status cuda_layer_step(void *ctx, const gdn__layer_params *params, void *stream)
-{
-    const device_guard guard = enter_device(ctx);
-    const gdn_status result = cuda_layer_step_here(ctx, params, stream);
-    leave_device(guard);
-    return result;
-}
+GDN__ON_DEVICE(cuda_layer_step, (void *ctx, const gdn__layer_params *params, void *stream), (ctx, params, stream))
 
 static gdn_status cuda_commit_here(void *ctx, const gdn__commit_params *params, void *stream)
 {
@@ -202,22 +186,16 @@ static gdn_status cuda_commit_here(void *ctx, const gdn__commit_params *params, 
     if (status == GDN_ECUDA) record_launch_failure(ctx, "gdn__cuda_commit");
     return status;
 }
-static gdn_status cuda_commit(void *ctx, const gdn__commit_params *params, void *stream)
-{
-    const device_guard guard = enter_device(ctx);
-    const gdn_status result = cuda_commit_here(ctx, params, stream);
-    leave_device(guard);
-    return result;
-}
+GDN__ON_DEVICE(cuda_commit, (void *ctx, const gdn__commit_params *params, void *stream), (ctx, params, stream))
 
-static gdn_status cuda_slot_copy(void *ctx, const gdn__slot_copy_params *params, void *stream)
+static gdn_status cuda_slot_copy_here(void *ctx, const gdn__slot_copy_params *params, void *stream)
 {
-    const device_guard guard = enter_device(ctx);
-    const gdn_status status = gdn__cuda_slot_copy(params, stream);
+    gdn_status status = gdn__cuda_slot_copy(params, stream);
     if (status == GDN_ECUDA) record_launch_failure(ctx, "gdn__cuda_slot_copy");
-    leave_device(guard);
     return status;
 }
+GDN__ON_DEVICE(cuda_slot_copy, (void *ctx, const gdn__slot_copy_params *params, void *stream),
+               (ctx, params, stream))
 
 static gdn_status cuda_synchronize_here(void *ctx, void *stream)
 {
@@ -225,13 +203,7 @@ static gdn_status cuda_synchronize_here(void *ctx, void *stream)
     else GDN__CUDA_TRY((cuda_backend *)ctx, cudaDeviceSynchronize());
     return GDN_OK;
 }
-static gdn_status cuda_synchronize(void *ctx, void *stream)
-{
-    const device_guard guard = enter_device(ctx);
-    const gdn_status result = cuda_synchronize_here(ctx, stream);
-    leave_device(guard);
-    return result;
-}
+GDN__ON_DEVICE(cuda_synchronize, (void *ctx, void *stream), (ctx, stream))
 
 static gdn_status cuda_capture_begin_here(void *ctx, void **capture_stream)
 {
@@ -240,13 +212,7 @@ static gdn_status cuda_capture_begin_here(void *ctx, void **capture_stream)
     *capture_stream = cu->capture_stream;
     return GDN_OK;
 }
-static gdn_status cuda_capture_begin(void *ctx, void **capture_stream)
-{
-    const device_guard guard = enter_device(ctx);
-    const gdn_status result = cuda_capture_begin_here(ctx, capture_stream);
-    leave_device(guard);
-    return result;
-}
+GDN__ON_DEVICE(cuda_capture_begin, (void *ctx, void **capture_stream), (ctx, capture_stream))
 
 static gdn_status cuda_capture_end_here(void *ctx, int keep, void **graph)
 {
@@ -257,38 +223,21 @@ static gdn_status cuda_capture_end_here(void *ctx, int keep, void **graph)
     if (err != cudaSuccess) return record_error(cu, err, "gdn__graph_capture_end", __LINE__);
     return GDN_OK;
 }
-static gdn_status cuda_capture_end(void *ctx, int keep, void **graph)
-{
-    const device_guard guard = enter_device(ctx);
-    const gdn_status result = cuda_capture_end_here(ctx, keep, graph);
-    leave_device(guard);
-    return result;
-}
+GDN__ON_DEVICE(cuda_capture_end, (void *ctx, int keep, void **graph), (ctx, keep, graph))
 
 static gdn_status cuda_graph_launch_here(void *ctx, void *graph, void *stream)
 {
     GDN__CUDA_TRY((cuda_backend *)ctx, gdn__graph_launch((cudaGraphExec_t)graph, (cudaStream_t)stream));
     return GDN_OK;
 }
-static gdn_status cuda_graph_launch(void *ctx, void *graph, void *stream)
-{
-    const device_guard guard = enter_device(ctx);
-    const gdn_status result = cuda_graph_launch_here(ctx, graph, stream);
-    leave_device(guard);
-    return result;
-}
+GDN__ON_DEVICE(cuda_graph_launch, (void *ctx, void *graph, void *stream), (ctx, graph, stream))
 
 static void cuda_graph_destroy_here(void *ctx, void *graph)
 {
     (void)ctx;
     gdn__graph_destroy((cudaGraphExec_t)graph);
 }
-static void cuda_graph_destroy(void *ctx, void *graph)
-{
-    const device_guard guard = enter_device(ctx);
-    cuda_graph_destroy_here(ctx, graph);
-    leave_device(guard);
-}
+GDN__ON_DEVICE_VOID(cuda_graph_destroy, (void *ctx, void *graph), (ctx, graph))
 
 static const char *cuda_last_error(const void *ctx) { return ((const cuda_backend *)ctx)->last_error; }
 

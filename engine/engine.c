@@ -638,12 +638,7 @@ static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind 
     p->out = io->o;
     if (e->views) { /* the caller's tensors (all-zero strides: the dense prefix, as the engine's own) */
         const gdn_layer_views *v = &e->views[layer];
-        p->q_strides = (gdn__strides){v->q.row_stride, v->q.token_stride, v->q.head_stride};
-        p->k_strides = (gdn__strides){v->k.row_stride, v->k.token_stride, v->k.head_stride};
-        p->v_strides = (gdn__strides){v->v.row_stride, v->v.token_stride, v->v.head_stride};
-        p->a_strides = (gdn__strides){v->a.row_stride, v->a.token_stride, v->a.head_stride};
-        p->b_strides = (gdn__strides){v->b.row_stride, v->b.token_stride, v->b.head_stride};
-        p->out_strides = (gdn__strides){v->o.row_stride, v->o.token_stride, v->o.head_stride};
+        gdn__layer_params_views(p, &v->q, &v->k, &v->v, &v->a, &v->b, &v->o);
     }
     if (replay(e)) {
         p->token_store = (char *)e->token_store + (size_t)(layer * e->store_layer_stride) * gdn_dtype_size(c->input_dtype);

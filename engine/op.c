@@ -102,10 +102,66 @@ size_t gdn_op_workspace_bytes(const gdn_op_layer *op)
     return (size_t)layout_of(op).bytes;
 }
 
-static gdn__strides strides_of(const gdn_view *v, int32_t T, int32_t H, int32_t D)
+/* Elements of one slot's state (HV * V * K). */
+static int64_t state_elems(const gdn_op_layer *op)
 {
-    if (v->row_stride == 0 && v->token_stride == 0 && v->head_stride == 0) return gdn__dense(T, H, D);
-    return (gdn__strides){.row = v->row_stride, .token = v->token_stride, .head = v->head_stride};
+    return (int64_t)op->model.num_v_heads * op->model.head_dim_v * op->model.head_dim_k;
+}
+
+/* The pool and workspace that every op needs, and a backend this build has. */
+static gdn_status check_memory(const gdn_op_layer *op)
+{
+    if (!op->pool.data || !op->workspace || op->pool.slot_stride < state_elems(op)) return GDN_EINVAL;
+#ifndef GDN_HAVE_CUDA
+    if (op->backend == GDN_BACKEND_CUDA) return GDN_ENODEV;
+#endif
+    return GDN_OK;
+}
+
+/* The kernels' parameters that do not depend on the step's tensors: B rows read from `rows`, T
+ * tokens (0: a write-back), the pool, the gates' parameters and the strategy's workspace. */
+static gdn__layer_params base_params(const gdn_op_layer *op, const op_layout *layout, int32_t B, int32_t T,
+                                     int verify, const int32_t *rows)
+{
+    const gdn_model_config *m = &op->model;
+    char *ws = op->workspace;
+    gdn__layer_params p = {
+        .B = B,
+        .T = T,
+        .HK = m->num_k_heads,
+        .HV = m->num_v_heads,
+        .K = m->head_dim_k,
+        .V = m->head_dim_v,
+        .scale = m->scale > 0.0f ? m->scale : 1.0f / sqrtf((float)m->head_dim_k),
+        .use_qk_l2norm = m->use_qk_l2norm,
+        .input_dtype = op->input_dtype,
+        .A_log = op->A_log,
+        .dt_bias = op->dt_bias,
+        .state_dtype = op->pool.dtype,
+        .state = op->pool.data,
+        .num_slots = op->pool.num_slots,
+        .slot_stride = op->pool.slot_stride,
+        .read_slots = rows,
+        .output_dtype = op->output_dtype,
+        .error_flag = op->error_flag,
+    };
+    if (op->strategy == GDN_VERIFY_CACHE) {
+        if (verify) p.cache = ws + layout->cache, p.cache_row_stride = layout->cache_row_stride;
+    } else if (op->strategy == GDN_VERIFY_REPLAY) {
+        p.token_store = ws + layout->token_store;
+        p.store_tokens = op->max_tokens;
+        p.pending = (int32_t *)(ws + layout->counts);
+        p.replay_verify = verify;
+        p.arrivals = (uint32_t *)(ws + layout->arrivals);
+    } else {
+        p.ring = ws + layout->ring;
+        p.ring_capacity = layout->ring_capacity;
+        p.ring_length = layout->ring_length;
+        p.ring_count = (int32_t *)(ws + layout->counts);
+        p.replay_verify = verify;
+        p.arrivals = (uint32_t *)(ws + layout->arrivals);
+    }
+    return p;
 }
 
 /* Everything a step or commit needs, checked; the kernels' parameters with the workspace laid out. */
@@ -118,70 +174,30 @@ static gdn_status prepare(const gdn_op_layer *op, gdn__layer_params *p, op_layou
     if (op->kind == GDN_STEP_DECODE ? op->tokens != 1 : (op->tokens < 1 || op->tokens > op->max_tokens))
         return GDN_ESTEP_TOKENS;
     if (op->batch < 0 || op->batch > op->max_batch) return GDN_ESTEP_BATCH;
-    const int32_t HK = op->model.num_k_heads, HV = op->model.num_v_heads, K = op->model.head_dim_k,
-                  V = op->model.head_dim_v;
     if (!op->q.data || !op->k.data || !op->v.data || !op->a.data || !op->b.data || !op->o.data || !op->A_log ||
-        !op->dt_bias || !op->pool.data || !op->read_slots || !op->workspace ||
-        op->pool.slot_stride < (int64_t)HV * V * K)
+        !op->dt_bias || !op->read_slots)
         return GDN_EINVAL;
-#ifndef GDN_HAVE_CUDA
-    if (op->backend == GDN_BACKEND_CUDA) return GDN_ENODEV;
-#endif
+    if ((status = check_memory(op)) != GDN_OK) return status;
     *layout = layout_of(op);
-    const int32_t T = op->tokens;
-    char *ws = op->workspace;
-    *p = (gdn__layer_params){
-        .B = op->batch,
-        .T = T,
-        .HK = HK,
-        .HV = HV,
-        .K = K,
-        .V = V,
-        .scale = op->model.scale > 0.0f ? op->model.scale : 1.0f / sqrtf((float)K),
-        .use_qk_l2norm = op->model.use_qk_l2norm,
-        .input_dtype = op->input_dtype,
-        .q = op->q.data,
-        .k = op->k.data,
-        .v = op->v.data,
-        .a = op->a.data,
-        .b = op->b.data,
-
-        .A_log = op->A_log,
-        .dt_bias = op->dt_bias,
-        .state_dtype = op->pool.dtype,
-        .state = op->pool.data,
-        .num_slots = op->pool.num_slots,
-        .slot_stride = op->pool.slot_stride,
-        .read_slots = op->read_slots,
-        .write_slots = op->write_slots,
-        .output_dtype = op->output_dtype,
-        .out = op->o.data,
-        .error_flag = op->error_flag,
-    };
-    p->q_strides = strides_of(&op->q, T, HK, K);
-    p->k_strides = strides_of(&op->k, T, HK, K);
-    p->v_strides = strides_of(&op->v, T, HV, V);
-    p->a_strides = strides_of(&op->a, T, HV, 1);
-    p->b_strides = strides_of(&op->b, T, HV, 1);
-    p->out_strides = strides_of(&op->o, T, HV, V);
-    const int verify = op->kind == GDN_STEP_VERIFY;
-    if (op->strategy == GDN_VERIFY_CACHE) {
-        if (verify) p->cache = ws + layout->cache, p->cache_row_stride = layout->cache_row_stride;
-    } else if (op->strategy == GDN_VERIFY_REPLAY) {
-        p->token_store = ws + layout->token_store;
-        p->store_tokens = op->max_tokens;
-        p->pending = (int32_t *)(ws + layout->counts);
-        p->replay_verify = verify;
-        p->arrivals = (uint32_t *)(ws + layout->arrivals);
-    } else {
-        p->ring = ws + layout->ring;
-        p->ring_capacity = layout->ring_capacity;
-        p->ring_length = layout->ring_length;
-        p->ring_count = (int32_t *)(ws + layout->counts);
-        p->replay_verify = verify;
-        p->arrivals = (uint32_t *)(ws + layout->arrivals);
-    }
+    *p = base_params(op, layout, op->batch, op->tokens, op->kind == GDN_STEP_VERIFY, op->read_slots);
+    p->write_slots = op->write_slots;
+    gdn__layer_params_views(p, &op->q, &op->k, &op->v, &op->a, &op->b, &op->o);
     return GDN_OK;
+}
+
+/* The backend's layer step (the CPU one runs on the workspace's scratch). */
+static gdn_status run_layer(const gdn_op_layer *op, const gdn__layer_params *p, const op_layout *layout, void *stream)
+{
+    if (op->backend == GDN_BACKEND_CPU) {
+        gdn__ref_layer_step_in(p, (char *)op->workspace + layout->scratch);
+        return GDN_OK;
+    }
+#ifdef GDN_HAVE_CUDA
+    return gdn__cuda_layer_step(p, stream);
+#else
+    (void)stream;
+    return GDN_ENODEV;
+#endif
 }
 
 gdn_status gdn_op_layer_step(const gdn_op_layer *op, void *stream)
@@ -189,17 +205,7 @@ gdn_status gdn_op_layer_step(const gdn_op_layer *op, void *stream)
     gdn__layer_params p;
     op_layout layout;
     const gdn_status status = prepare(op, &p, &layout);
-    if (status != GDN_OK) return status;
-    if (op->backend == GDN_BACKEND_CPU) {
-        gdn__ref_layer_step_in(&p, (char *)op->workspace + layout.scratch);
-        return GDN_OK;
-    }
-#ifdef GDN_HAVE_CUDA
-    return gdn__cuda_layer_step(&p, stream);
-#else
-    (void)stream;
-    return GDN_ENODEV;
-#endif
+    return status == GDN_OK ? run_layer(op, &p, &layout, stream) : status;
 }
 
 gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted, void *stream)
@@ -251,15 +257,9 @@ static gdn_status prepare_slots(const gdn_op_layer *op, op_layout *layout)
 {
     if (!op) return GDN_EINVAL;
     gdn_status status = check_description(op);
-    if (status != GDN_OK) return status;
-    const gdn_model_config *m = &op->model;
-    if (!op->pool.data || !op->workspace || op->pool.slot_stride < (int64_t)m->num_v_heads * m->head_dim_v * m->head_dim_k)
-        return GDN_EINVAL;
-#ifndef GDN_HAVE_CUDA
-    if (op->backend == GDN_BACKEND_CUDA) return GDN_ENODEV;
-#endif
-    *layout = layout_of(op);
-    return GDN_OK;
+    if (status == GDN_OK) status = check_memory(op);
+    if (status == GDN_OK) *layout = layout_of(op);
+    return status;
 }
 
 static gdn_status run_slot_copy(const gdn_op_layer *op, const gdn__slot_copy_params *p, void *stream)
@@ -276,29 +276,11 @@ static gdn_status run_slot_copy(const gdn_op_layer *op, const gdn__slot_copy_par
 #endif
 }
 
-static gdn_status run_layer(const gdn_op_layer *op, const gdn__layer_params *p, const op_layout *layout, void *stream)
+static char *slot_state(const gdn_op_layer *op, int32_t slot)
 {
-    if (op->backend == GDN_BACKEND_CPU) {
-        gdn__ref_layer_step_in(p, (char *)op->workspace + layout->scratch);
-        return GDN_OK;
-    }
-#ifdef GDN_HAVE_CUDA
-    return gdn__cuda_layer_step(p, stream);
-#else
-    (void)stream;
-    return GDN_ENODEV;
-#endif
+    return (char *)op->pool.data + (size_t)((int64_t)slot * op->pool.slot_stride) * gdn_dtype_size(op->pool.dtype);
 }
-
-static int64_t slot_state_offset(const gdn_op_layer *op, int32_t slot)
-{
-    return (int64_t)slot * op->pool.slot_stride * (int64_t)gdn_dtype_size(op->pool.dtype);
-}
-static int64_t state_bytes(const gdn_op_layer *op)
-{
-    const gdn_model_config *m = &op->model;
-    return (int64_t)m->num_v_heads * m->head_dim_v * m->head_dim_k * (int64_t)gdn_dtype_size(op->pool.dtype);
-}
+static int64_t state_bytes(const gdn_op_layer *op) { return state_elems(op) * (int64_t)gdn_dtype_size(op->pool.dtype); }
 static int keeps_work(const gdn_op_layer *op) { return op->strategy != GDN_VERIFY_CACHE; }
 static char *side_of(const gdn_op_layer *op, const op_layout *l, int32_t slot)
 {
@@ -315,38 +297,9 @@ static int32_t *count_of(const gdn_op_layer *op, const op_layout *l, int32_t slo
 static gdn_status write_back(const gdn_op_layer *op, const op_layout *layout, const int32_t *rows, int32_t count,
                              void *stream)
 {
-    const gdn_model_config *m = &op->model;
-    char *ws = op->workspace;
-    gdn__layer_params p = {
-        .B = count,
-        .T = 0,
-        .HK = m->num_k_heads,
-        .HV = m->num_v_heads,
-        .K = m->head_dim_k,
-        .V = m->head_dim_v,
-        .scale = m->scale > 0.0f ? m->scale : 1.0f / sqrtf((float)m->head_dim_k),
-        .use_qk_l2norm = m->use_qk_l2norm,
-        .input_dtype = op->input_dtype,
-        /* T = 0 reads no token input and writes no output; the kernels still want valid pointers. */
-        .q = ws, .k = ws, .v = ws, .a = ws, .b = ws, .out = ws,
-        .A_log = op->A_log,
-        .dt_bias = op->dt_bias,
-        .state_dtype = op->pool.dtype,
-        .state = op->pool.data,
-        .num_slots = op->pool.num_slots,
-        .slot_stride = op->pool.slot_stride,
-        .read_slots = rows,
-        .output_dtype = op->output_dtype,
-        .error_flag = op->error_flag,
-        .arrivals = (uint32_t *)(ws + layout->arrivals),
-    };
-    if (op->strategy == GDN_VERIFY_REPLAY) {
-        p.token_store = ws + layout->token_store, p.store_tokens = op->max_tokens;
-        p.pending = (int32_t *)(ws + layout->counts);
-    } else {
-        p.ring = ws + layout->ring, p.ring_capacity = layout->ring_capacity, p.ring_length = layout->ring_length;
-        p.ring_count = (int32_t *)(ws + layout->counts);
-    }
+    gdn__layer_params p = base_params(op, layout, count, 0, 0, rows);
+    /* T = 0 reads no token input and writes no output; the kernels still want valid pointers. */
+    p.q = p.k = p.v = p.a = p.b = p.out = op->workspace;
     return run_layer(op, &p, layout, stream);
 }
 
@@ -374,10 +327,8 @@ gdn_status gdn_op_slot_copy(const gdn_op_layer *op, int32_t dst, int32_t src, vo
     if (status == GDN_OK) status = check_slot(op, src);
     if (status != GDN_OK) return status;
     if (dst == src) return GDN_EINVAL;
-    char *pool = op->pool.data;
     gdn__slot_copy_params p = {.layers = 1};
-    p.region[p.regions++] = (gdn__slot_region){pool + slot_state_offset(op, src), pool + slot_state_offset(op, dst),
-                                               state_bytes(op), 0, 0};
+    p.region[p.regions++] = (gdn__slot_region){slot_state(op, src), slot_state(op, dst), state_bytes(op), 0, 0};
     if (keeps_work(op)) {
         p.region[p.regions++] = (gdn__slot_region){side_of(op, &l, src), side_of(op, &l, dst), l.side_bytes, 0, 0};
         p.region[p.regions++] = (gdn__slot_region){count_of(op, &l, src), count_of(op, &l, dst), sizeof(int32_t), 0, 0};
@@ -393,7 +344,7 @@ gdn_status gdn_op_slot_import(const gdn_op_layer *op, int32_t slot, const void *
     if (status != GDN_OK) return status;
     gdn__slot_copy_params p = {.layers = 1};
     /* src NULL: a reset (zeros) */
-    p.region[p.regions++] = (gdn__slot_region){src, (char *)op->pool.data + slot_state_offset(op, slot), state_bytes(op), 0, 0};
+    p.region[p.regions++] = (gdn__slot_region){src, slot_state(op, slot), state_bytes(op), 0, 0};
     if (keeps_work(op)) p.region[p.regions++] = (gdn__slot_region){NULL, count_of(op, &l, slot), sizeof(int32_t), 0, 0};
     return run_slot_copy(op, &p, stream);
 }
@@ -418,6 +369,6 @@ gdn_status gdn_op_slot_export(const gdn_op_layer *op, int32_t slot, void *dst, v
         if (status != GDN_OK) return status;
     }
     gdn__slot_copy_params p = {.layers = 1};
-    p.region[p.regions++] = (gdn__slot_region){(char *)op->pool.data + slot_state_offset(op, slot), dst, state_bytes(op), 0, 0};
+    p.region[p.regions++] = (gdn__slot_region){slot_state(op, slot), dst, state_bytes(op), 0, 0};
     return run_slot_copy(op, &p, stream);
 }

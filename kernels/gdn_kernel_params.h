@@ -136,6 +136,22 @@ typedef struct gdn__layer_params {
     int32_t *ring_count;       /* [num_slots] records in each slot's ring (this layer) */
 } gdn__layer_params;
 
+/* The step's tensors from views (gdn.h): data and strides (all-zero strides stay zero: dense, resolved
+ * by gdn__layer_params_resolved). */
+static inline void gdn__layer_params_views(gdn__layer_params *p, const gdn_view *q, const gdn_view *k,
+                                           const gdn_view *v, const gdn_view *a, const gdn_view *b, const gdn_view *o)
+{
+    const gdn_view *views[6] = {q, k, v, a, b, o};
+    gdn__strides *strides[6] = {&p->q_strides, &p->k_strides, &p->v_strides, &p->a_strides, &p->b_strides,
+                                &p->out_strides};
+    for (int n = 0; n < 6; n++) {
+        strides[n]->row = views[n]->row_stride;
+        strides[n]->token = views[n]->token_stride;
+        strides[n]->head = views[n]->head_stride;
+    }
+    p->q = q->data, p->k = k->data, p->v = v->data, p->a = a->data, p->b = b->data, p->out = o->data;
+}
+
 /* A copy of `in` whose all-zero stride sets are dense (the zero value means "dense", so that callers
  * that build dense parameters need not spell the strides out). Host and device. */
 static inline GDN__HOST_DEVICE gdn__strides gdn__strides_or_dense(gdn__strides s, int32_t T, int32_t H, int32_t D)

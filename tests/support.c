@@ -114,6 +114,31 @@ unsigned char *test_snapshot_pool(gdn_engine *engine, int32_t slot)
     return snap;
 }
 
+void test_assert_twins_match(gdn_engine *a, gdn_engine *b, int32_t batch, int32_t T, int step)
+{
+    const gdn_engine_config *c = gdn_engine_get_config(a);
+    const size_t out_bytes = (size_t)batch * (size_t)T * (size_t)c->model.num_v_heads * (size_t)c->model.head_dim_v *
+                             gdn_dtype_size(c->output_dtype);
+    unsigned char *oa = malloc(out_bytes ? out_bytes : 1), *ob = malloc(out_bytes ? out_bytes : 1);
+    for (int32_t l = 0; l < c->model.num_layers && batch > 0; l++) { /* (an empty step's outputs are not defined) */
+        gdn_layer_io ia, ib;
+        cr_assert_eq(gdn_engine_layer_io(a, l, &ia), GDN_OK);
+        cr_assert_eq(gdn_engine_layer_io(b, l, &ib), GDN_OK);
+        cr_assert_eq(gdn_engine_download(a, oa, ia.o, out_bytes, NULL), GDN_OK);
+        cr_assert_eq(gdn_engine_download(b, ob, ib.o, out_bytes, NULL), GDN_OK);
+        cr_assert_eq(gdn_engine_synchronize(a, NULL), GDN_OK);
+        cr_assert_eq(gdn_engine_synchronize(b, NULL), GDN_OK);
+        cr_assert_eq(memcmp(oa, ob, out_bytes), 0, "step %d layer %d: outputs differ", step, l);
+    }
+    free(oa), free(ob);
+    for (int32_t s = 0; s < c->num_slots; s++) {
+        unsigned char *pa = test_snapshot_pool(a, s), *pb = test_snapshot_pool(b, s);
+        cr_assert_eq(memcmp(pa, pb, (size_t)c->model.num_layers * test_state_bytes(a)), 0,
+                     "step %d slot %d: pools differ", step, s);
+        free(pa), free(pb);
+    }
+}
+
 /* Draws n values of scale*N(0,1), rounds them to dtype into dev_host (a host staging array), and
  * keeps the widened values in out. */
 static void draw(test_rng *rng, size_t n, double scale, gdn_dtype dtype, void *staging, double *out)

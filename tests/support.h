@@ -82,6 +82,10 @@ unsigned char *test_snapshot_slot(gdn_engine *engine, int32_t slot);
  * the replay and ring strategies keep pending, so only this one sees a lagging pool as it is. */
 unsigned char *test_snapshot_pool(gdn_engine *engine, int32_t slot);
 
+/* Twin engines after the same step of `batch` rows and T tokens: every layer's outputs (none for an
+ * empty step) and every slot's raw pools bit-exact; `step` names the step in the messages. */
+void test_assert_twins_match(gdn_engine *a, gdn_engine *b, int32_t batch, int32_t T, int step);
+
 /* Runs a step: begin (asserting success), run all layers. */
 void test_run_step(gdn_engine *engine, gdn_step_kind kind, int32_t T, int32_t batch, const int32_t *slots,
                    const int32_t *write_slots);

@@ -426,21 +426,7 @@ Test(gpu_engine, caller_captured_graphs_match_engine_steps, .timeout = 600)
         cr_assert_eq(cudaStreamSynchronize(stream), cudaSuccess);
         cr_assert_eq(gdn_engine_synchronize(e[0], NULL), GDN_OK);
 
-        const size_t out_bytes = (size_t)B * T * 4 * 64 * 2;
-        unsigned char *o0 = malloc(out_bytes), *o1 = malloc(out_bytes);
-        for (int32_t l = 0; l < 3; l++) {
-            gdn_layer_io io0, io1;
-            gdn_engine_layer_io(e[0], l, &io0), gdn_engine_layer_io(e[1], l, &io1);
-            cr_assert_eq(cudaMemcpy(o0, io0.o, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-            cr_assert_eq(cudaMemcpy(o1, io1.o, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-            cr_assert_eq(memcmp(o0, o1, out_bytes), 0, "step %d layer %d: outputs differ", step, l);
-        }
-        free(o0), free(o1);
-        for (int32_t s = 0; s < 24; s++) {
-            unsigned char *p0 = test_snapshot_pool(e[0], s), *p1 = test_snapshot_pool(e[1], s);
-            cr_assert_eq(memcmp(p0, p1, 3 * test_state_bytes(e[0])), 0, "step %d slot %d: pools differ", step, s);
-            free(p0), free(p1);
-        }
+        test_assert_twins_match(e[0], e[1], B, T, step);
     }
     cr_assert_lt(captures, 60, "graphs were replayed, not only captured");
     for (int i = 0; i < SHAPES; i++)
