@@ -55,7 +55,7 @@ static gdn_status cpu_stage_rows(void *ctx, const int32_t *rows, int32_t count, 
     return GDN_OK;
 }
 
-static gdn_status cpu_fetch_rows(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t num_slots,
+static gdn_status cpu_fetch_rows(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t counts_layer_stride,
                                  void *stream)
 {
     (void)stream;
@@ -63,11 +63,24 @@ static gdn_status cpu_fetch_rows(void *ctx, int32_t *dst, int32_t *pending, int3
     memcpy(dst, cpu->staged, sizeof(int32_t) * (size_t)cpu->staged_count);
     if (pending)
         for (int32_t c = 0; c < cpu->staged_clears; c++)
-            for (int32_t l = 0; l < num_layers; l++) pending[l * num_slots + cpu->staged[cpu->staged_count + c]] = 0;
+            for (int32_t l = 0; l < num_layers; l++) pending[l * counts_layer_stride + cpu->staged[cpu->staged_count + c]] = 0;
     return GDN_OK;
 }
 
 static void cpu_consume_rows(void *ctx) { (void)ctx; }
+
+/* The reference runs before each call returns: every stream is the same, already finished. */
+static void *cpu_own_stream(void *ctx)
+{
+    (void)ctx;
+    return NULL;
+}
+
+static gdn_status cpu_order_after(void *ctx, void *stream)
+{
+    (void)ctx, (void)stream;
+    return GDN_OK;
+}
 
 static gdn_status cpu_layer_step(void *ctx, const gdn__layer_params *params, void *stream)
 {
@@ -121,6 +134,8 @@ static const gdn__backend_iface cpu_iface = {
     .download = cpu_copy,
     .stage_rows = cpu_stage_rows,
     .fetch_rows = cpu_fetch_rows,
+    .own_stream = cpu_own_stream,
+    .order_after = cpu_order_after,
     .consume_rows = cpu_consume_rows,
     .layer_step = cpu_layer_step,
     .commit = cpu_commit,

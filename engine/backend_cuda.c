@@ -28,6 +28,8 @@ typedef struct cuda_backend {
     long long *device_seq;      /* device memory: the same count, for the fetch kernel */
     long long host_seq;         /* entries handed to the device (staged and consumed) */
     cudaStream_t capture_stream; /* private: graphs are captured here, replayed on the caller's */
+    cudaStream_t own_stream;     /* private: the engine's synchronous calls and zero fills */
+    cudaEvent_t order_event;     /* orders own_stream after a caller's stream */
     char last_error[256];
 } cuda_backend;
 
@@ -100,11 +102,12 @@ static gdn_status cuda_alloc_here(void *ctx, size_t bytes, void **out)
     *out = NULL;
     GDN__CUDA_TRY(cu, cudaMalloc(out, bytes ? bytes : 1));
     atomic_fetch_add_explicit(&device_allocations, 1, memory_order_relaxed);
-    cudaError_t err = cudaMemset(*out, 0, bytes);
+    /* On the private stream: the engine waits for it once, when creation is done. */
+    cudaError_t err = cudaMemsetAsync(*out, 0, bytes, cu->own_stream);
     if (err != cudaSuccess) {
         cudaFree(*out);
         *out = NULL;
-        return record_error(cu, err, "cudaMemset(*out, 0, bytes)", __LINE__);
+        return record_error(cu, err, "cudaMemsetAsync(*out, 0, bytes, own_stream)", __LINE__);
     }
     return GDN_OK;
 }
@@ -148,7 +151,7 @@ static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count,
 }
 
 static gdn_status cuda_fetch_rows_here(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers,
-                                       int64_t num_slots, void *stream)
+                                       int64_t counts_layer_stride, void *stream)
 {
     cuda_backend *cu = ctx;
     const gdn__fetch_params p = {
@@ -160,15 +163,15 @@ static gdn_status cuda_fetch_rows_here(void *ctx, int32_t *dst, int32_t *pending
         .dst = dst,
         .pending = pending,
         .num_layers = num_layers,
-        .num_slots = num_slots,
+        .counts_layer_stride = counts_layer_stride,
     };
     gdn_status status = gdn__cuda_fetch_rows(&p, stream);
     if (status == GDN_ECUDA) record_launch_failure(cu, "gdn__cuda_fetch_rows");
     return status;
 }
 GDN__ON_DEVICE(cuda_fetch_rows,
-               (void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t num_slots, void *stream),
-               (ctx, dst, pending, num_layers, num_slots, stream))
+               (void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t counts_layer_stride, void *stream),
+               (ctx, dst, pending, num_layers, counts_layer_stride, stream))
 
 static void cuda_consume_rows(void *ctx) { ((cuda_backend *)ctx)->host_seq++; }
 
@@ -204,6 +207,18 @@ static gdn_status cuda_synchronize_here(void *ctx, void *stream)
     return GDN_OK;
 }
 GDN__ON_DEVICE(cuda_synchronize, (void *ctx, void *stream), (ctx, stream))
+
+static void *cuda_own_stream(void *ctx) { return ((cuda_backend *)ctx)->own_stream; }
+
+static gdn_status cuda_order_after_here(void *ctx, void *stream)
+{
+    cuda_backend *cu = ctx;
+    if ((cudaStream_t)stream == cu->own_stream) return GDN_OK;
+    GDN__CUDA_TRY(cu, cudaEventRecord(cu->order_event, (cudaStream_t)stream));
+    GDN__CUDA_TRY(cu, cudaStreamWaitEvent(cu->own_stream, cu->order_event, 0));
+    return GDN_OK;
+}
+GDN__ON_DEVICE(cuda_order_after, (void *ctx, void *stream), (ctx, stream))
 
 static gdn_status cuda_capture_begin_here(void *ctx, void **capture_stream)
 {
@@ -249,6 +264,8 @@ static void cuda_destroy(void *ctx)
     if (cu->ring) cudaFreeHost(cu->ring);
     if (cu->device_seq) cudaFree(cu->device_seq);
     if (cu->capture_stream) cudaStreamDestroy(cu->capture_stream);
+    if (cu->own_stream) cudaStreamDestroy(cu->own_stream);
+    if (cu->order_event) cudaEventDestroy(cu->order_event);
     leave_device(guard);
     gdn__free(cu);
 }
@@ -280,6 +297,8 @@ static const gdn__backend_iface cuda_iface = {
     .slot_copy = cuda_slot_copy,
     .stream_capturing = cuda_stream_capturing,
     .synchronize = cuda_synchronize,
+    .own_stream = cuda_own_stream,
+    .order_after = cuda_order_after,
     .capture_begin = cuda_capture_begin,
     .capture_end = cuda_capture_end,
     .graph_launch = cuda_graph_launch,
@@ -312,8 +331,11 @@ gdn_status gdn__backend_cuda_create(int32_t device, size_t staging_bytes, gdn__b
         cu->done = (volatile long long *)((char *)block + ring_bytes);
         err = cudaMalloc((void **)&cu->device_seq, sizeof(long long));
     }
-    if (err == cudaSuccess) err = cudaMemset(cu->device_seq, 0, sizeof(long long));
     if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&cu->capture_stream, cudaStreamNonBlocking);
+    if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&cu->own_stream, cudaStreamNonBlocking);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&cu->order_event, cudaEventDisableTiming);
+    if (err == cudaSuccess) err = cudaMemsetAsync(cu->device_seq, 0, sizeof(long long), cu->own_stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(cu->own_stream);
     if (err != cudaSuccess) status = err == cudaErrorMemoryAllocation ? GDN_ENOMEM : GDN_ECUDA;
     if (status != GDN_OK) {
         cuda_destroy(cu);

@@ -29,20 +29,25 @@ typedef struct gdn__backend_iface {
      * freed since the last step from transient host memory into the backend's staging, with no CUDA
      * call (it waits only while the device is a whole staging ring behind); fetch_rows enqueues, or
      * inside a capture records, the step's first work: the copy of the staged rows into `dst` and,
-     * when `pending` is not NULL (replay strategy), pending[l * num_slots + s] = 0 for every layer l
-     * and every staged clear s (so that the next request in a freed slot does not fold the previous
+     * when `pending` is not NULL (replay, ring), pending[l * counts_layer_stride + s] = 0 for every
+     * layer l and every staged clear s (so that the next request in a freed slot does not fold the previous
      * one's tokens); consume_rows tells the backend that work holding a fetch of the staged rows was
      * launched, so the next stage_rows takes a new entry. */
     gdn_status (*stage_rows)(void *ctx, const int32_t *rows, int32_t count, const int32_t *clears, int32_t n_clears);
-    gdn_status (*fetch_rows)(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t num_slots,
-                             void *stream);
+    gdn_status (*fetch_rows)(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers,
+                             int64_t counts_layer_stride, void *stream);
     void (*consume_rows)(void *ctx);
     /* Enqueue the kernels (kernels/gdn_kernel_params.h gives the semantics). */
     gdn_status (*layer_step)(void *ctx, const gdn__layer_params *params, void *stream);
     gdn_status (*commit)(void *ctx, const gdn__commit_params *params, void *stream);
     gdn_status (*slot_copy)(void *ctx, const gdn__slot_copy_params *params, void *stream);
-    /* Waits for the stream. */
+    /* Waits for the stream (NULL: for all work on the backend's device). */
     gdn_status (*synchronize)(void *ctx, void *stream);
+    /* The backend's private stream (NULL on CPU): the engine's synchronous calls (admission, reads,
+     * parameters) run there, so that none touches the legacy default stream or waits for another
+     * stream's unrelated work. order_after makes it wait for the work enqueued so far on `stream`. */
+    void *(*own_stream)(void *ctx);
+    gdn_status (*order_after)(void *ctx, void *stream);
     /* (optional) Step graphs; NULL on backends without them, which then always launch directly.
      * capture_begin hands out the stream to enqueue the captured work on; capture_end stops the
      * capture and, when keep is nonzero, instantiates it into *graph (else discards it). */

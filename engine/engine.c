@@ -12,6 +12,7 @@
 #include "backend_impl.h"
 #include "config.h"
 #include "graphs/graph_cache.h"
+#include "op_impl.h"
 #include "slots.h"
 
 /* One step as the engine remembers it between begin_step and the next begin_step. */
@@ -33,28 +34,19 @@ struct gdn_engine {
     gdn__backend backend;
     gdn__slot_table slots;
 
-    /* Backend memory. */
-    void *state;                /* [L, num_slots, HV, V, K] state_dtype */
-    int64_t slot_stride;        /* elements */
-    int64_t state_layer_stride; /* elements */
-    void *cache;                /* [L, max_batch, max_tokens, HV, V, K] state_dtype, or NULL */
-    int64_t cache_row_stride;
-    int64_t cache_layer_stride;
-    void *token_store;          /* replay: [L, num_slots, max_tokens, token elements] input_dtype */
-    int64_t store_layer_stride; /* elements */
-    void *ring;                 /* ring: [L, num_slots, ring_capacity] records */
-    int64_t ring_layer_bytes;
-    int32_t ring_capacity;
-    int32_t *replay_meta;       /* replay: pending [L, num_slots]; ring: record counts [L, num_slots];
-                                 * then the CUDA kernel's per-row arrival counts [max_batch] */
-    void *io_block;             /* every layer's q, k, v, a, b, o */
+    /* Backend memory. Every layer is an op of the op layer (op_impl.h): the stack holds layer 0's
+     * description (pool, workspace, rows, strategy) and the strides to the others. */
+    gdn__op_stack stack;
+    void *state;                /* the pools: [L] at stack.pool_layer_stride, slots at pool.slot_stride */
+    void *workspaces;           /* [L] strategy workspaces of stack.workspace_layer_bytes */
+    void *io_block;             /* every layer's q, k, v, a, b, o (unless the caller's views) */
     float *params;              /* [L][2][HV]: A_log then dt_bias */
     int32_t *indices;           /* rows [2 * max_batch] (the step's bucket read slots, then its
                                  * bucket write slots), accepted [max_batch], error flag [1], flush
                                  * row [1] */
 
     gdn_layer_io *io;     /* host [L] */
-    gdn_layer_views *views; /* host [L]: the caller's io views (config.io_views), or NULL */
+    gdn_layer_views *views; /* host [L]: the step tensors (the caller's io views, or dense views of io) */
     int owns_state;       /* the pools are the engine's (not config.state_pool) */
     uint8_t *layer_ran;   /* host [L] */
     int32_t *row_staging; /* host [2 * max_batch]: padded read then write slots, as uploaded */
@@ -62,6 +54,8 @@ struct gdn_engine {
     uint8_t *clear_flag;  /* replay, ring: host [num_slots]: in clear_list */
     int32_t clear_count;
     step_state step;
+    void *last_stream;       /* the stream of the engine's last enqueued work (synchronous calls order after it) */
+    int enqueued_any;        /* last_stream is set */
 
     /* Step graphs (backends with graph support, graph_mode != OFF). */
     gdn__graph_cache graphs;
@@ -89,13 +83,17 @@ static int replay(const gdn_engine *e) { return e->config.verify_strategy == GDN
 static int ring(const gdn_engine *e) { return e->config.verify_strategy == GDN_VERIFY_RING; }
 /* Replay and ring keep per-slot counts of tokens that are not in the pool yet. */
 static int keeps_tokens(const gdn_engine *e) { return replay(e) || ring(e); }
-static int32_t *pending_buffer(const gdn_engine *e, int32_t layer)
+/* Work was enqueued on `stream`: the synchronous calls order themselves after it. */
+static gdn_status enqueued_on(gdn_engine *e, void *stream, gdn_status status)
 {
-    return e->replay_meta + (size_t)layer * (size_t)e->config.num_slots;
+    if (status == GDN_OK) e->last_stream = stream, e->enqueued_any = 1;
+    return status;
 }
-static uint32_t *arrivals_buffer(const gdn_engine *e)
+
+/* Replay, ring: the slot's count of pending tokens or records in `layer`. */
+static int32_t *slot_count(const gdn_engine *e, int32_t slot, int32_t layer)
 {
-    return (uint32_t *)(e->replay_meta + (size_t)e->config.model.num_layers * (size_t)e->config.num_slots);
+    return gdn__op_slot_count(&e->stack, slot) + layer * gdn__op_counts_layer_stride(&e->stack);
 }
 
 static size_t align_up(size_t bytes) { return (bytes + 255u) & ~(size_t)255u; }
@@ -188,59 +186,59 @@ static gdn_status allocate_everything(gdn_engine *e)
         return status;
     if ((status = gdn__slots_init(&e->slots, c->num_slots)) != GDN_OK) return status;
 
+    status = backend_alloc(e, (3 * (size_t)c->max_batch + 2) * sizeof(int32_t), (void **)&e->indices, &e->memory.indices);
+    if (status != GDN_OK) return status;
+    int64_t slot_stride, layer_stride;
     if (c->state_pool) { /* the caller's pools */
-        e->slot_stride = c->state_slot_stride ? c->state_slot_stride : state_elems_per_slot(c);
-        e->state_layer_stride = c->state_layer_stride ? c->state_layer_stride : e->slot_stride * c->num_slots;
+        slot_stride = c->state_slot_stride ? c->state_slot_stride : state_elems_per_slot(c);
+        layer_stride = c->state_layer_stride ? c->state_layer_stride : slot_stride * c->num_slots;
         e->state = c->state_pool;
     } else {
-        e->slot_stride = state_elems_per_slot(c);
-        e->state_layer_stride = e->slot_stride * c->num_slots;
-        status = backend_alloc(e, (size_t)(e->state_layer_stride * L) * state_size, &e->state, &e->memory.state_pools);
+        slot_stride = state_elems_per_slot(c);
+        layer_stride = slot_stride * c->num_slots;
+        status = backend_alloc(e, (size_t)(layer_stride * L) * state_size, &e->state, &e->memory.state_pools);
         if (status != GDN_OK) return status;
         e->owns_state = 1;
     }
 
-    if (c->verify_strategy == GDN_VERIFY_CACHE) {
-        e->cache_row_stride = state_elems_per_slot(c) * c->max_tokens; /* dense, whatever the pool's slot stride */
-        e->cache_layer_stride = e->cache_row_stride * c->max_batch;
-        status = backend_alloc(e, (size_t)(e->cache_layer_stride * L) * state_size, &e->cache,
-                               &e->memory.verify_cache);
-        if (status != GDN_OK) return status;
-    } else if (ring(e)) { /* ring: ring_capacity records a slot, and the record counts */
-        const gdn_model_config *m = &c->model;
-        e->ring_capacity = c->ring_length > c->max_tokens ? c->ring_length : c->max_tokens;
-        e->ring_layer_bytes = (int64_t)c->num_slots * e->ring_capacity *
-                              gdn__ring_record_bytes(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v);
-        status = backend_alloc(e, (size_t)e->ring_layer_bytes * (size_t)L, &e->ring, &e->memory.ring);
-        if (status == GDN_OK)
-            status = backend_alloc(e, ((size_t)L * (size_t)c->num_slots + (size_t)c->max_batch) * sizeof(int32_t),
-                                   (void **)&e->replay_meta, &e->memory.ring);
-        if (status != GDN_OK) return status;
-    } else { /* replay: max_tokens token inputs a slot, and the pending counts */
-        const gdn_model_config *m = &c->model;
-        e->store_layer_stride = (int64_t)c->num_slots * c->max_tokens *
-                                gdn__token_elems(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v);
-        status = backend_alloc(e, (size_t)(e->store_layer_stride * L) * gdn_dtype_size(c->input_dtype),
-                               &e->token_store, &e->memory.token_store);
-        if (status == GDN_OK)
-            status = backend_alloc(e, ((size_t)L * (size_t)c->num_slots + (size_t)c->max_batch) * sizeof(int32_t),
-                                   (void **)&e->replay_meta, &e->memory.token_store);
-        if (status != GDN_OK) return status;
-    }
+    /* Layer 0 as an op; the strategy's workspaces, one a layer, in one allocation. */
+    e->stack.op = (gdn_op_layer){
+        .backend = e->backend.iface->kind,
+        .model = c->model,
+        .input_dtype = c->input_dtype,
+        .output_dtype = c->output_dtype,
+        .pool = {e->state, c->state_dtype, c->num_slots, slot_stride},
+        .read_slots = read_slots_buffer(e),
+        .error_flag = error_flag_buffer(e),
+        .strategy = c->verify_strategy,
+        .max_batch = c->max_batch,
+        .max_tokens = c->max_tokens,
+        .ring_length = c->ring_length,
+    };
+    e->stack.layout = gdn__op_layout_of(&e->stack.op, 0); /* the CPU backend has its own scratch */
+    e->stack.num_layers = L;
+    e->stack.pool_layer_stride = layer_stride;
+    e->stack.workspace_layer_bytes = e->stack.layout.bytes;
+    uint64_t *counter = replay(e) ? &e->memory.token_store : ring(e) ? &e->memory.ring : &e->memory.verify_cache;
+    status = backend_alloc(e, (size_t)e->stack.workspace_layer_bytes * (size_t)L, &e->workspaces, counter);
+    if (status != GDN_OK) return status;
+    e->stack.op.workspace = e->workspaces;
+
+    e->views = gdn__calloc((size_t)L, sizeof *e->views);
+    if (!e->views) return GDN_ENOMEM;
     if (c->io_views) { /* the caller's tensors: keep a copy of the views */
-        e->views = gdn__calloc((size_t)L, sizeof *e->views);
-        if (!e->views) return GDN_ENOMEM;
         memcpy(e->views, c->io_views, (size_t)L * sizeof *e->views);
         e->config.io_views = e->views;
         for (int32_t l = 0; l < L; l++)
             e->io[l] = (gdn_layer_io){e->views[l].q.data, e->views[l].k.data, e->views[l].v.data,
                                       e->views[l].a.data, e->views[l].b.data, e->views[l].o.data};
-    } else if ((status = allocate_io(e)) != GDN_OK) {
-        return status;
+    } else { /* the engine's buffers, as dense views (all-zero strides) */
+        if ((status = allocate_io(e)) != GDN_OK) return status;
+        for (int32_t l = 0; l < L; l++)
+            e->views[l] = (gdn_layer_views){.q.data = e->io[l].q, .k.data = e->io[l].k, .v.data = e->io[l].v,
+                                            .a.data = e->io[l].a, .b.data = e->io[l].b, .o.data = e->io[l].o};
     }
-    status = backend_alloc(e, (size_t)L * 2 * (size_t)HV * sizeof(float), (void **)&e->params, &e->memory.parameters);
-    if (status != GDN_OK) return status;
-    return backend_alloc(e, (3 * (size_t)c->max_batch + 2) * sizeof(int32_t), (void **)&e->indices, &e->memory.indices);
+    return backend_alloc(e, (size_t)L * 2 * (size_t)HV * sizeof(float), (void **)&e->params, &e->memory.parameters);
 }
 
 static void release_everything(gdn_engine *e)
@@ -253,10 +251,7 @@ static void release_everything(gdn_engine *e)
             if (entry->exec) b->graph_destroy(e->backend.ctx, entry->exec);
         }
         if (e->owns_state) b->free(e->backend.ctx, e->state);
-        b->free(e->backend.ctx, e->cache);
-        b->free(e->backend.ctx, e->token_store);
-        b->free(e->backend.ctx, e->ring);
-        b->free(e->backend.ctx, e->replay_meta);
+        b->free(e->backend.ctx, e->workspaces);
         b->free(e->backend.ctx, e->io_block);
         b->free(e->backend.ctx, e->params);
         b->free(e->backend.ctx, e->indices);
@@ -274,6 +269,8 @@ static void release_everything(gdn_engine *e)
 }
 
 static gdn_status capture_all_graphs(gdn_engine *e);
+static gdn_status begin_synchronous(gdn_engine *e, void **stream);
+static gdn_status end_synchronous(gdn_engine *e, void *stream, gdn_status status);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Lifecycle                                                                                        */
@@ -294,7 +291,8 @@ gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
     const size_t staged_values = 2 * (size_t)resolved.max_batch + (clears ? (size_t)resolved.num_slots : 0);
     status = create_backend(&resolved, staged_values * sizeof(int32_t), &e->backend);
     if (status == GDN_OK) status = allocate_everything(e);
-    if (status == GDN_OK) status = e->backend.iface->synchronize(e->backend.ctx, NULL); /* zero fills done */
+    if (status == GDN_OK) /* the zero fills, enqueued on the backend's own stream */
+        status = e->backend.iface->synchronize(e->backend.ctx, e->backend.iface->own_stream(e->backend.ctx));
     if (status == GDN_OK && e->use_graphs && resolved.graph_mode == GDN_GRAPHS_AT_CREATE) status = capture_all_graphs(e);
     if (status != GDN_OK) {
         release_everything(e);
@@ -338,10 +336,11 @@ gdn_status gdn_engine_set_layer_params(gdn_engine *e, int32_t layer, const float
     const size_t HV = (size_t)e->config.model.num_v_heads;
     float *dst = e->params + (size_t)layer * 2 * HV;
     const gdn__backend_iface *b = e->backend.iface;
-    gdn_status status = b->upload(e->backend.ctx, dst, A_log, HV * sizeof(float), NULL);
-    if (status == GDN_OK) status = b->upload(e->backend.ctx, dst + HV, dt_bias, HV * sizeof(float), NULL);
-    if (status == GDN_OK) status = b->synchronize(e->backend.ctx, NULL);
-    return status;
+    void *stream = NULL;
+    gdn_status status = begin_synchronous(e, &stream);
+    if (status == GDN_OK) status = b->upload(e->backend.ctx, dst, A_log, HV * sizeof(float), stream);
+    if (status == GDN_OK) status = b->upload(e->backend.ctx, dst + HV, dt_bias, HV * sizeof(float), stream);
+    return end_synchronous(e, stream, status);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -389,7 +388,7 @@ static size_t slot_state_bytes(const gdn_engine *e)
 
 static void *slot_state(const gdn_engine *e, int32_t layer, int32_t slot)
 {
-    const int64_t offset = layer * e->state_layer_stride + (int64_t)slot * e->slot_stride;
+    const int64_t offset = layer * e->stack.pool_layer_stride + (int64_t)slot * e->stack.op.pool.slot_stride;
     return (char *)e->state + (size_t)offset * gdn_dtype_size(e->config.state_dtype);
 }
 
@@ -399,7 +398,7 @@ static gdn_status clear_pending_layers(gdn_engine *e, int32_t slot, int32_t firs
 {
     gdn_status status = GDN_OK;
     for (int32_t l = first; keeps_tokens(e) && l < end && status == GDN_OK; l++)
-        status = e->backend.iface->zero(e->backend.ctx, pending_buffer(e, l) + slot, sizeof(int32_t), stream);
+        status = e->backend.iface->zero(e->backend.ctx, slot_count(e, slot, l), sizeof(int32_t), stream);
     return status;
 }
 
@@ -408,8 +407,7 @@ static gdn_status clear_pending(gdn_engine *e, int32_t slot, void *stream)
     return clear_pending_layers(e, slot, 0, e->config.model.num_layers, stream);
 }
 
-static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens,
-                              int32_t bucket, gdn__layer_params *p);
+static gdn_op_layer layer_op(const gdn_engine *e, int32_t layer);
 static void rows_consumed(gdn_engine *e);
 
 /* A stream that a capture the engine did not start is recording: engine-tracked calls refuse it. */
@@ -419,24 +417,41 @@ static int caller_capturing(const gdn_engine *e, void *stream)
     return !e->capturing && b->stream_capturing && b->stream_capturing(e->backend.ctx, stream);
 }
 
-/* Replay: folds the slot's pending tokens of one layer into that layer's state (a zero-token step
- * of the one slot), synchronously. Layers keep their own pending counts, so the others stay as they
- * are. */
-static gdn_status flush_slot_layer(gdn_engine *e, int32_t slot, int32_t layer)
+/* The synchronous calls (parameters, state reads and writes) run on the backend's own stream,
+ * ordered after the engine's last enqueued work and waited for alone: no legacy-stream or device
+ * synchronisation stalls the caller's other streams. Refused while the stream of that last work is
+ * being captured (the ordering would land in the caller's graph). */
+static gdn_status begin_synchronous(gdn_engine *e, void **stream)
+{
+    const gdn__backend_iface *b = e->backend.iface;
+    *stream = b->own_stream(e->backend.ctx);
+    if (!e->enqueued_any) return GDN_OK;
+    if (caller_capturing(e, e->last_stream)) return GDN_EMISUSE;
+    return b->order_after(e->backend.ctx, e->last_stream);
+}
+
+static gdn_status end_synchronous(gdn_engine *e, void *stream, gdn_status status)
+{
+    return status == GDN_OK ? e->backend.iface->synchronize(e->backend.ctx, stream) : status;
+}
+
+/* Replay, ring: writes the slot's pending tokens or records of one layer into that layer's state (a
+ * zero-token step of the one slot), enqueued on `stream`. Layers keep their own pending counts, so
+ * the others stay as they are. */
+static gdn_status flush_slot_layer(gdn_engine *e, int32_t slot, int32_t layer, void *stream)
 {
     if (!keeps_tokens(e)) return GDN_OK;
     const gdn__backend_iface *b = e->backend.iface;
     gdn_status status = GDN_OK;
     if (e->clear_flag[slot]) /* freed since the last step: its pending tokens belong to the last owner */
-        status = clear_pending_layers(e, slot, layer, layer + 1, NULL);
-    if (status == GDN_OK) status = b->upload(e->backend.ctx, flush_row_buffer(e), &slot, sizeof slot, NULL);
+        status = clear_pending_layers(e, slot, layer, layer + 1, stream);
+    if (status == GDN_OK) status = b->upload(e->backend.ctx, flush_row_buffer(e), &slot, sizeof slot, stream);
     if (status == GDN_OK) {
-        gdn__layer_params p;
-        fill_layer_params(e, layer, GDN_STEP_DECODE, 0, 1, &p);
-        p.read_slots = p.write_slots = flush_row_buffer(e);
-        status = b->layer_step(e->backend.ctx, &p, NULL);
+        const gdn_op_layer op = layer_op(e, layer);
+        const gdn__layer_params p = gdn__op_write_back_params(&op, &e->stack.layout, flush_row_buffer(e), 1);
+        status = b->layer_step(e->backend.ctx, &p, stream);
     }
-    return status == GDN_OK ? b->synchronize(e->backend.ctx, NULL) : status;
+    return status;
 }
 
 gdn_status gdn_slot_reset(gdn_engine *e, int32_t slot, void *stream)
@@ -450,7 +465,8 @@ gdn_status gdn_slot_reset(gdn_engine *e, int32_t slot, void *stream)
     if (caller_capturing(e, stream)) return GDN_EMISUSE;
     for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++)
         status = e->backend.iface->zero(e->backend.ctx, slot_state(e, l, slot), slot_state_bytes(e), stream);
-    return status == GDN_OK ? clear_pending(e, slot, stream) : status;
+    if (status == GDN_OK) status = clear_pending(e, slot, stream);
+    return enqueued_on(e, stream, status);
 }
 
 int gdn_slot_is_allocated(const gdn_engine *e, int32_t slot)
@@ -473,22 +489,27 @@ gdn_status gdn_slot_read_state(gdn_engine *e, int32_t layer, int32_t slot, void 
 {
     if (!e || !host_dst) return GDN_EINVAL;
     gdn_status status = check_slot_layer(e, layer, slot);
-    if (status == GDN_OK) status = flush_slot_layer(e, slot, layer); /* replay: the pool lags by the pending tokens */
+    void *stream = NULL;
+    if (status == GDN_OK) status = begin_synchronous(e, &stream);
     if (status != GDN_OK) return status;
-    status = e->backend.iface->download(e->backend.ctx, host_dst, slot_state(e, layer, slot), slot_state_bytes(e), NULL);
-    return status == GDN_OK ? e->backend.iface->synchronize(e->backend.ctx, NULL) : status;
+    status = flush_slot_layer(e, slot, layer, stream); /* replay, ring: the pool lags by the pending work */
+    if (status == GDN_OK)
+        status = e->backend.iface->download(e->backend.ctx, host_dst, slot_state(e, layer, slot), slot_state_bytes(e), stream);
+    return end_synchronous(e, stream, status);
 }
 
 gdn_status gdn_slot_write_state(gdn_engine *e, int32_t layer, int32_t slot, const void *host_src)
 {
     if (!e || !host_src) return GDN_EINVAL;
     gdn_status status = check_slot_layer(e, layer, slot);
+    void *stream = NULL;
+    if (status == GDN_OK) status = begin_synchronous(e, &stream);
     if (status != GDN_OK) return status;
-    /* Replay: the written state replaces the layer's pending tokens too (nothing to fold). */
-    if (status == GDN_OK) status = clear_pending_layers(e, slot, layer, layer + 1, NULL);
+    /* Replay, ring: the written state replaces the layer's pending work too (nothing to fold). */
+    status = clear_pending_layers(e, slot, layer, layer + 1, stream);
     if (status == GDN_OK)
-        status = e->backend.iface->upload(e->backend.ctx, slot_state(e, layer, slot), host_src, slot_state_bytes(e), NULL);
-    return status == GDN_OK ? e->backend.iface->synchronize(e->backend.ctx, NULL) : status;
+        status = e->backend.iface->upload(e->backend.ctx, slot_state(e, layer, slot), host_src, slot_state_bytes(e), stream);
+    return end_synchronous(e, stream, status);
 }
 
 gdn_status gdn_engine_state_pool(gdn_engine *e, int32_t layer, gdn_state_pool *pool)
@@ -498,7 +519,7 @@ gdn_status gdn_engine_state_pool(gdn_engine *e, int32_t layer, gdn_state_pool *p
     pool->data = slot_state(e, layer, 0);
     pool->dtype = e->config.state_dtype;
     pool->num_slots = e->config.num_slots;
-    pool->slot_stride = e->slot_stride;
+    pool->slot_stride = e->stack.op.pool.slot_stride;
     return GDN_OK;
 }
 
@@ -515,13 +536,13 @@ int32_t *gdn_engine_accepted(gdn_engine *e) { return e ? accepted_buffer(e) : NU
 gdn_status gdn_engine_upload(gdn_engine *e, void *dst, const void *src, size_t bytes, void *stream)
 {
     if (!e || !dst || !src) return GDN_EINVAL;
-    return e->backend.iface->upload(e->backend.ctx, dst, src, bytes, stream);
+    return enqueued_on(e, stream, e->backend.iface->upload(e->backend.ctx, dst, src, bytes, stream));
 }
 
 gdn_status gdn_engine_download(gdn_engine *e, void *dst, const void *src, size_t bytes, void *stream)
 {
     if (!e || !dst || !src) return GDN_EINVAL;
-    return e->backend.iface->download(e->backend.ctx, dst, src, bytes, stream);
+    return enqueued_on(e, stream, e->backend.iface->download(e->backend.ctx, dst, src, bytes, stream));
 }
 
 gdn_status gdn_engine_synchronize(gdn_engine *e, void *stream)
@@ -609,90 +630,46 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
     return GDN_OK;
 }
 
-static void fill_layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens,
-                              int32_t bucket, gdn__layer_params *p)
+/* Layer `layer` as an op: its pool, workspace and gate parameters (the step fields left to fill). */
+static gdn_op_layer layer_op(const gdn_engine *e, int32_t layer)
 {
-    const gdn_engine_config *c = &e->config;
-    const size_t state_size = gdn_dtype_size(c->state_dtype);
-    const gdn_layer_io *io = &e->io[layer];
-    memset(p, 0, sizeof *p);
-    p->B = bucket;
-    p->T = tokens;
-    p->HK = c->model.num_k_heads;
-    p->HV = c->model.num_v_heads;
-    p->K = c->model.head_dim_k;
-    p->V = c->model.head_dim_v;
-    p->scale = c->model.scale;
-    p->use_qk_l2norm = c->model.use_qk_l2norm;
-    p->input_dtype = c->input_dtype;
-    p->q = io->q, p->k = io->k, p->v = io->v, p->a = io->a, p->b = io->b;
-    p->A_log = e->params + (size_t)layer * 2 * (size_t)p->HV;
-    p->dt_bias = p->A_log + p->HV;
-    p->state_dtype = c->state_dtype;
-    p->state = (char *)e->state + (size_t)(layer * e->state_layer_stride) * state_size;
-    p->num_slots = c->num_slots;
-    p->slot_stride = e->slot_stride;
-    p->read_slots = read_slots_buffer(e);
-    p->write_slots = write_slots_buffer(e, bucket);
-    p->output_dtype = c->output_dtype;
-    p->out = io->o;
-    if (e->views) { /* the caller's tensors (all-zero strides: the dense prefix, as the engine's own) */
-        const gdn_layer_views *v = &e->views[layer];
-        gdn__layer_params_views(p, &v->q, &v->k, &v->v, &v->a, &v->b, &v->o);
-    }
-    if (replay(e)) {
-        p->token_store = (char *)e->token_store + (size_t)(layer * e->store_layer_stride) * gdn_dtype_size(c->input_dtype);
-        p->store_tokens = c->max_tokens;
-        p->pending = pending_buffer(e, layer);
-        p->replay_verify = kind == GDN_STEP_VERIFY;
-        p->arrivals = arrivals_buffer(e);
-    } else if (ring(e)) {
-        p->ring = (char *)e->ring + (size_t)(layer * e->ring_layer_bytes);
-        p->ring_capacity = e->ring_capacity;
-        p->ring_length = c->ring_length;
-        p->ring_count = pending_buffer(e, layer);
-        p->replay_verify = kind == GDN_STEP_VERIFY;
-        p->arrivals = arrivals_buffer(e);
-    } else if (kind == GDN_STEP_VERIFY) {
-        p->cache = (char *)e->cache + (size_t)(layer * e->cache_layer_stride) * state_size;
-        p->cache_row_stride = e->cache_row_stride;
-    }
-    p->error_flag = error_flag_buffer(e);
+    gdn_op_layer op = gdn__op_stack_layer(&e->stack, layer);
+    op.A_log = e->params + (size_t)layer * 2 * (size_t)e->config.model.num_v_heads;
+    op.dt_bias = op.A_log + e->config.model.num_v_heads;
+    return op;
 }
 
-static void fill_commit_params(const gdn_engine *e, int32_t tokens, int32_t bucket, gdn__commit_params *p)
+/* A step of `bucket` rows and `tokens` tokens of one layer, on the engine's rows and tensors. */
+static gdn__layer_params layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens,
+                                      int32_t bucket)
 {
-    const gdn_engine_config *c = &e->config;
-    *p = (gdn__commit_params){
-        .B = bucket,
-        .T = tokens,
-        .num_layers = c->model.num_layers,
-        .HV = c->model.num_v_heads,
-        .K = c->model.head_dim_k,
-        .V = c->model.head_dim_v,
-        .state_dtype = c->state_dtype,
-        .state = e->state,
-        .state_layer_stride = e->state_layer_stride,
-        .num_slots = c->num_slots,
-        .slot_stride = e->slot_stride,
-        .cache = e->cache,
-        .cache_layer_stride = e->cache_layer_stride,
-        .cache_row_stride = e->cache_row_stride,
-        .read_slots = read_slots_buffer(e),
-        .write_slots = write_slots_buffer(e, bucket),
-        .accepted = accepted_buffer(e),
-        .error_flag = error_flag_buffer(e),
-        .pending = replay(e) ? pending_buffer(e, 0) : NULL,
-        .ring_count = ring(e) ? pending_buffer(e, 0) : NULL,
-    };
+    gdn_op_layer op = layer_op(e, layer);
+    const gdn_layer_views *v = &e->views[layer];
+    op.kind = kind;
+    op.tokens = tokens;
+    op.batch = bucket;
+    op.write_slots = write_slots_buffer(e, bucket);
+    op.q = v->q, op.k = v->k, op.v = v->v, op.a = v->a, op.b = v->b, op.o = v->o;
+    return gdn__op_step_params(&op, &e->stack.layout);
+}
+
+/* The commit of a verify step of `bucket` rows and `tokens` tokens, every layer in one launch. */
+static gdn__commit_params commit_params(const gdn_engine *e, int32_t tokens, int32_t bucket)
+{
+    gdn__op_stack s = e->stack;
+    s.op.kind = GDN_STEP_VERIFY;
+    s.op.tokens = tokens;
+    s.op.batch = bucket;
+    s.op.write_slots = write_slots_buffer(e, bucket);
+    return gdn__op_commit_params(&s, accepted_buffer(e));
 }
 
 /* Enqueues (or records) the step's first work: the staged rows to the device and, under replay,
  * the staged clears of freed slots' pending counts in every layer. */
 static gdn_status fetch_staged_rows(gdn_engine *e, void *stream)
 {
-    return e->backend.iface->fetch_rows(e->backend.ctx, read_slots_buffer(e), keeps_tokens(e) ? pending_buffer(e, 0) : NULL,
-                                        e->config.model.num_layers, e->config.num_slots, stream);
+    return e->backend.iface->fetch_rows(e->backend.ctx, read_slots_buffer(e), keeps_tokens(e) ? slot_count(e, 0, 0) : NULL,
+                                        e->config.model.num_layers, gdn__op_counts_layer_stride(&e->stack), stream);
 }
 
 /* The staged rows (and clears) went to the device with the work just launched. */
@@ -718,9 +695,8 @@ static gdn_status ensure_rows(gdn_engine *e, void *stream)
 static gdn_status capture_layer(gdn_engine *e, int32_t layer, void *stream)
 {
     if (e->capture_ran[layer] || e->capture_committed) return GDN_EMISUSE;
-    gdn__layer_params params;
-    fill_layer_params(e, layer, (gdn_step_kind)e->capture_key.kind, e->capture_key.tokens, e->capture_key.bucket,
-                      &params);
+    const gdn__layer_params params = layer_params(e, layer, (gdn_step_kind)e->capture_key.kind, e->capture_key.tokens,
+                                                  e->capture_key.bucket);
     gdn_status status = e->backend.iface->layer_step(e->backend.ctx, &params, stream);
     if (status != GDN_OK) return status;
     e->capture_ran[layer] = 1;
@@ -738,9 +714,8 @@ gdn_status gdn_engine_run_layer(gdn_engine *e, int32_t layer, void *stream)
     if (e->step.batch > 0) { /* an empty step touches nothing */
         gdn_status status = ensure_rows(e, stream);
         if (status != GDN_OK) return status;
-        gdn__layer_params params;
-        fill_layer_params(e, layer, e->step.kind, e->step.tokens, e->step.bucket, &params);
-        status = e->backend.iface->layer_step(e->backend.ctx, &params, stream);
+        const gdn__layer_params params = layer_params(e, layer, e->step.kind, e->step.tokens, e->step.bucket);
+        status = enqueued_on(e, stream, e->backend.iface->layer_step(e->backend.ctx, &params, stream));
         if (status != GDN_OK) return status;
     }
     e->layer_ran[layer] = 1;
@@ -776,8 +751,7 @@ static gdn_status capture_graph(gdn_engine *e, const gdn__graph_key *key, int32_
     e->capture_layers = 0;
     e->capture_committed = 0;
     if (key->kind == GDN__GRAPH_COMMIT) { /* a verify step's commit, alone */
-        gdn__commit_params p;
-        fill_commit_params(e, key->tokens, key->bucket, &p);
+        const gdn__commit_params p = commit_params(e, key->tokens, key->bucket);
         status = b->commit(e->backend.ctx, &p, capture_stream);
     } else { /* a step: the copy of its rows from the host mailbox, then its work */
         status = fetch_staged_rows(e, capture_stream);
@@ -839,7 +813,7 @@ gdn_status gdn_engine_run_step(gdn_engine *e, void *stream)
         if (status != GDN_OK) return status;
         entry = gdn__graph_cache_find(&e->graphs, &key, st->bucket_index);
     }
-    gdn_status status = e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream);
+    gdn_status status = enqueued_on(e, stream, e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream));
     if (status != GDN_OK) return status;
     rows_consumed(e); /* the graph's first nodes fetched them */
     st->rows_fetched = 1;
@@ -853,11 +827,10 @@ gdn_status gdn_engine_commit(gdn_engine *e, void *stream)
 {
     if (!e) return GDN_EINVAL;
     const gdn_engine_config *c = &e->config;
-    gdn__commit_params p;
     if (e->capturing) { /* the capture callback ends a verify graph with its commit */
         if (e->capture_key.kind != GDN_STEP_VERIFY || e->capture_committed || e->capture_layers != c->model.num_layers)
             return GDN_EMISUSE;
-        fill_commit_params(e, e->capture_key.tokens, e->capture_key.bucket, &p);
+        const gdn__commit_params p = commit_params(e, e->capture_key.tokens, e->capture_key.bucket);
         gdn_status status = e->backend.iface->commit(e->backend.ctx, &p, stream);
         if (status == GDN_OK) e->capture_committed = 1;
         return status;
@@ -874,11 +847,11 @@ gdn_status gdn_engine_commit(gdn_engine *e, void *stream)
             if (status != GDN_OK) return status;
             entry = gdn__graph_cache_find(&e->graphs, &key, e->step.bucket_index);
         }
-        gdn_status status = e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream);
+        gdn_status status = enqueued_on(e, stream, e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream));
         if (status != GDN_OK) return status;
     } else if (e->step.batch > 0) {
-        fill_commit_params(e, e->step.tokens, e->step.bucket, &p);
-        gdn_status status = e->backend.iface->commit(e->backend.ctx, &p, stream);
+        const gdn__commit_params p = commit_params(e, e->step.tokens, e->step.bucket);
+        gdn_status status = enqueued_on(e, stream, e->backend.iface->commit(e->backend.ctx, &p, stream));
         if (status != GDN_OK) return status;
     }
     e->step.committed = 1;
@@ -895,7 +868,7 @@ gdn_status gdn_engine_enqueue_rows(gdn_engine *e, void *stream)
 {
     if (!e) return GDN_EINVAL;
     if (!caller_work_step(e)) return GDN_EMISUSE;
-    return fetch_staged_rows(e, stream);
+    return enqueued_on(e, stream, fetch_staged_rows(e, stream));
 }
 
 gdn_status gdn_engine_enqueue_layer(gdn_engine *e, int32_t layer, void *stream)
@@ -903,18 +876,16 @@ gdn_status gdn_engine_enqueue_layer(gdn_engine *e, int32_t layer, void *stream)
     if (!e) return GDN_EINVAL;
     if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
     if (!caller_work_step(e)) return GDN_EMISUSE;
-    gdn__layer_params params;
-    fill_layer_params(e, layer, e->step.kind, e->step.tokens, e->step.bucket, &params);
-    return e->backend.iface->layer_step(e->backend.ctx, &params, stream);
+    const gdn__layer_params params = layer_params(e, layer, e->step.kind, e->step.tokens, e->step.bucket);
+    return enqueued_on(e, stream, e->backend.iface->layer_step(e->backend.ctx, &params, stream));
 }
 
 gdn_status gdn_engine_enqueue_commit(gdn_engine *e, void *stream)
 {
     if (!e) return GDN_EINVAL;
     if (!caller_work_step(e) || e->step.kind != GDN_STEP_VERIFY) return GDN_EMISUSE;
-    gdn__commit_params p;
-    fill_commit_params(e, e->step.tokens, e->step.bucket, &p);
-    return e->backend.iface->commit(e->backend.ctx, &p, stream);
+    const gdn__commit_params p = commit_params(e, e->step.tokens, e->step.bucket);
+    return enqueued_on(e, stream, e->backend.iface->commit(e->backend.ctx, &p, stream));
 }
 
 gdn_status gdn_engine_step_rows(const gdn_engine *e, const int32_t **read_slots, const int32_t **write_slots,
@@ -940,27 +911,6 @@ static gdn_status check_idle_slot(const gdn_engine *e, int32_t slot)
     return step_needs_slot(e, slot) ? GDN_ESLOT_BUSY : GDN_OK;
 }
 
-/* The slot's state in layer 0 (bytes), and its strategy data: the stored tokens or ring records of
- * layer 0 and their per-layer stride (bytes). */
-static char *slot_state_bytes0(const gdn_engine *e, int32_t slot) { return slot_state(e, 0, slot); }
-static void slot_side_data(const gdn_engine *e, int32_t slot, char **data, int64_t *bytes, int64_t *layer_stride)
-{
-    const gdn_engine_config *c = &e->config;
-    *data = NULL, *bytes = 0, *layer_stride = 0;
-    if (replay(e)) {
-        const int64_t in_size = (int64_t)gdn_dtype_size(c->input_dtype);
-        const int64_t slot_elems = e->store_layer_stride / c->num_slots;
-        *data = (char *)e->token_store + (size_t)(slot * slot_elems * in_size);
-        *bytes = slot_elems * in_size;
-        *layer_stride = e->store_layer_stride * in_size;
-    } else if (ring(e)) {
-        const int64_t slot_bytes = e->ring_layer_bytes / c->num_slots;
-        *data = (char *)e->ring + (size_t)(slot * slot_bytes);
-        *bytes = slot_bytes;
-        *layer_stride = e->ring_layer_bytes;
-    }
-}
-
 /* A slot whose counts are about to be overwritten on the device needs no clear from the next
  * fetch (which would run after, and undo, the overwrite). */
 static void drop_staged_clear(gdn_engine *e, int32_t slot)
@@ -981,46 +931,25 @@ gdn_status gdn_slot_copy_async(gdn_engine *e, int32_t dst, int32_t src, void *st
     if (status == GDN_OK) status = check_idle_slot(e, src);
     if (status != GDN_OK) return status;
     if (dst == src) return GDN_EINVAL;
-    const gdn_engine_config *c = &e->config;
-    const int64_t state_bytes = (int64_t)slot_state_bytes(e), layer_bytes = e->state_layer_stride *
-                                                                             (int64_t)gdn_dtype_size(c->state_dtype);
-    gdn__slot_copy_params p = {.layers = c->model.num_layers};
-    p.region[p.regions++] = (gdn__slot_region){slot_state_bytes0(e, src), slot_state_bytes0(e, dst), state_bytes,
-                                               layer_bytes, layer_bytes};
-    if (keeps_tokens(e)) {
-        char *from, *to;
-        int64_t bytes, stride;
-        slot_side_data(e, src, &from, &bytes, &stride);
-        slot_side_data(e, dst, &to, &bytes, &stride);
-        p.region[p.regions++] = (gdn__slot_region){from, to, bytes, stride, stride};
-        /* src freed and taken again since the last step: its counts belong to the last owner (the
-         * next fetch would clear them), so dst starts with none. */
-        const int64_t counts_stride = (int64_t)c->num_slots * (int64_t)sizeof(int32_t);
-        p.region[p.regions++] = (gdn__slot_region){e->clear_flag[src] ? NULL : (const void *)(pending_buffer(e, 0) + src),
-                                                   pending_buffer(e, 0) + dst, sizeof(int32_t), counts_stride, counts_stride};
-    }
-    status = e->backend.iface->slot_copy(e->backend.ctx, &p, stream);
+    /* src freed and taken again since the last step: its counts belong to the last owner (the next
+     * fetch would clear them), so dst starts with none. */
+    const int src_counts_valid = !keeps_tokens(e) || !e->clear_flag[src];
+    const gdn__slot_copy_params p = gdn__op_copy_params(&e->stack, dst, src, src_counts_valid);
+    status = enqueued_on(e, stream, e->backend.iface->slot_copy(e->backend.ctx, &p, stream));
     if (status == GDN_OK) drop_staged_clear(e, dst);
     return status;
 }
+
+static int64_t state_elems_of(const gdn_engine *e) { return state_elems_per_slot(&e->config); }
 
 gdn_status gdn_slot_import_async(gdn_engine *e, int32_t slot, const void *src, int64_t layer_stride, void *stream)
 {
     if (!e) return GDN_EINVAL;
     gdn_status status = check_idle_slot(e, slot);
     if (status != GDN_OK) return status;
-    const gdn_engine_config *c = &e->config;
-    const gdn_model_config *m = &c->model;
-    if (!src || layer_stride < (int64_t)m->num_v_heads * m->head_dim_v * m->head_dim_k) return GDN_EINVAL;
-    const int64_t size = (int64_t)gdn_dtype_size(c->state_dtype);
-    gdn__slot_copy_params p = {.layers = m->num_layers};
-    p.region[p.regions++] = (gdn__slot_region){src, slot_state_bytes0(e, slot), (int64_t)slot_state_bytes(e),
-                                               layer_stride * size, e->state_layer_stride * size};
-    if (keeps_tokens(e)) {
-        const int64_t counts_stride = (int64_t)c->num_slots * (int64_t)sizeof(int32_t);
-        p.region[p.regions++] = (gdn__slot_region){NULL, pending_buffer(e, 0) + slot, sizeof(int32_t), 0, counts_stride};
-    }
-    status = e->backend.iface->slot_copy(e->backend.ctx, &p, stream);
+    if (!src || layer_stride < state_elems_of(e)) return GDN_EINVAL;
+    const gdn__slot_copy_params p = gdn__op_import_params(&e->stack, slot, src, layer_stride);
+    status = enqueued_on(e, stream, e->backend.iface->slot_copy(e->backend.ctx, &p, stream));
     if (status == GDN_OK) drop_staged_clear(e, slot);
     return status;
 }
@@ -1030,33 +959,23 @@ gdn_status gdn_slot_export_async(gdn_engine *e, int32_t slot, void *dst, int64_t
     if (!e) return GDN_EINVAL;
     gdn_status status = check_idle_slot(e, slot);
     if (status != GDN_OK) return status;
-    const gdn_engine_config *c = &e->config;
-    const gdn_model_config *m = &c->model;
-    if (!dst || layer_stride < (int64_t)m->num_v_heads * m->head_dim_v * m->head_dim_k) return GDN_EINVAL;
+    if (!dst || layer_stride < state_elems_of(e)) return GDN_EINVAL;
     const gdn__backend_iface *b = e->backend.iface;
     if (keeps_tokens(e)) {
         /* Write back what is pending, in place: the flush row (a launch that sets it, so that a
          * captured export carries its slot), then a zero-token step of that one row a layer. A slot
          * freed and taken again since the last step has nothing of its own pending: its counts are
          * cleared first, as the next fetch would. */
-        gdn__slot_copy_params set = {.layers = m->num_layers, .set_at = flush_row_buffer(e), .set_value = slot};
-        if (e->clear_flag[slot]) {
-            const int64_t counts_stride = (int64_t)c->num_slots * (int64_t)sizeof(int32_t);
-            set.region[set.regions++] = (gdn__slot_region){NULL, pending_buffer(e, 0) + slot, sizeof(int32_t), 0, counts_stride};
-        }
+        const gdn__slot_copy_params set = gdn__op_set_row_params(&e->stack, flush_row_buffer(e), slot, e->clear_flag[slot]);
         status = b->slot_copy(e->backend.ctx, &set, stream);
-        for (int32_t l = 0; l < m->num_layers && status == GDN_OK; l++) {
-            gdn__layer_params p;
-            fill_layer_params(e, l, GDN_STEP_DECODE, 0, 1, &p);
-            p.read_slots = p.write_slots = flush_row_buffer(e);
+        for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++) {
+            const gdn_op_layer op = layer_op(e, l);
+            const gdn__layer_params p = gdn__op_write_back_params(&op, &e->stack.layout, flush_row_buffer(e), 1);
             status = b->layer_step(e->backend.ctx, &p, stream);
         }
         if (status != GDN_OK) return status;
         drop_staged_clear(e, slot);
     }
-    const int64_t size = (int64_t)gdn_dtype_size(c->state_dtype);
-    gdn__slot_copy_params p = {.layers = m->num_layers};
-    p.region[p.regions++] = (gdn__slot_region){slot_state_bytes0(e, slot), dst, (int64_t)slot_state_bytes(e),
-                                               e->state_layer_stride * size, layer_stride * size};
-    return b->slot_copy(e->backend.ctx, &p, stream);
+    const gdn__slot_copy_params p = gdn__op_export_params(&e->stack, slot, dst, layer_stride);
+    return enqueued_on(e, stream, b->slot_copy(e->backend.ctx, &p, stream));
 }

@@ -1,39 +1,23 @@
 /*
  * The op layer (include/gdn/gdn_op.h): checks an op description, lays out its workspace, turns it
  * into the kernels' parameters (kernels/gdn_kernel_params.h) and runs the backend's kernel: the CUDA
- * launchers or the float64 reference. No allocation, no synchronisation.
+ * launchers or the float64 reference. No allocation, no synchronisation. The builders (op_impl.h)
+ * serve the engine too, over a stack of layers.
  */
-#include "gdn/gdn_op.h"
+#include "op_impl.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "kernels/gdn_kernel_params.h"
 #include "kernels/ref/gdn_ref.h"
 #ifdef GDN_HAVE_CUDA
 #include "kernels/gdn_cuda.h"
 #endif
 
-/* The workspace, in bytes from its start; every part 256-byte aligned. */
-typedef struct op_layout {
-    int64_t cache;            /* CACHE: [max_batch][max_tokens][HV V K] in the pool's dtype */
-    int64_t cache_row_stride; /* elements */
-    int64_t token_store;      /* REPLAY: [num_slots][max_tokens][token elems] in input_dtype */
-    int64_t ring;             /* RING: [num_slots][capacity] records */
-    int32_t ring_capacity;
-    int32_t ring_length;
-    int64_t counts;           /* REPLAY pending / RING record counts: int32 [num_slots] */
-    int64_t arrivals;         /* REPLAY, RING: uint32 [max_batch], zero between steps */
-    int64_t flush_row;        /* REPLAY, RING: int32, the row of a single-slot write-back */
-    int64_t side_bytes;       /* REPLAY, RING: one slot's stored tokens or records */
-    int64_t scratch;          /* CPU: the reference's scratch */
-    int64_t bytes;
-} op_layout;
-
 static int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 
 /* The op as an engine configuration, so that one validator gives the same codes as gdn_engine_create. */
-static gdn_status check_description(const gdn_op_layer *op)
+gdn_status gdn__op_check_description(const gdn_op_layer *op)
 {
     if (op->backend != GDN_BACKEND_CPU && op->backend != GDN_BACKEND_CUDA) return GDN_EINVAL;
     if (op->strategy != GDN_VERIFY_CACHE && op->strategy != GDN_VERIFY_REPLAY && op->strategy != GDN_VERIFY_RING)
@@ -58,9 +42,9 @@ static gdn_status check_description(const gdn_op_layer *op)
     return gdn_engine_config_validate(&c);
 }
 
-static op_layout layout_of(const gdn_op_layer *op)
+gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
 {
-    op_layout l;
+    gdn__op_layout l;
     memset(&l, 0, sizeof l);
     const int32_t HK = op->model.num_k_heads, HV = op->model.num_v_heads, K = op->model.head_dim_k,
                   V = op->model.head_dim_v;
@@ -88,7 +72,7 @@ static op_layout layout_of(const gdn_op_layer *op)
         l.flush_row = at;
         at = align256(at + (int64_t)sizeof(int32_t));
     }
-    if (op->backend == GDN_BACKEND_CPU) {
+    if (with_scratch && op->backend == GDN_BACKEND_CPU) {
         l.scratch = at;
         at = align256(at + (int64_t)gdn__ref_scratch_bytes());
     }
@@ -98,8 +82,8 @@ static op_layout layout_of(const gdn_op_layer *op)
 
 size_t gdn_op_workspace_bytes(const gdn_op_layer *op)
 {
-    if (!op || check_description(op) != GDN_OK) return 0;
-    return (size_t)layout_of(op).bytes;
+    if (!op || gdn__op_check_description(op) != GDN_OK) return 0;
+    return (size_t)gdn__op_layout_of(op, 1).bytes;
 }
 
 /* Elements of one slot's state (HV * V * K). */
@@ -108,19 +92,19 @@ static int64_t state_elems(const gdn_op_layer *op)
     return (int64_t)op->model.num_v_heads * op->model.head_dim_v * op->model.head_dim_k;
 }
 
-/* The pool and workspace that every op needs, and a backend this build has. */
-static gdn_status check_memory(const gdn_op_layer *op)
+int gdn__op_keeps_work(const gdn_op_layer *op) { return op->strategy != GDN_VERIFY_CACHE; }
+
+gdn_op_layer gdn__op_stack_layer(const gdn__op_stack *s, int32_t l)
 {
-    if (!op->pool.data || !op->workspace || op->pool.slot_stride < state_elems(op)) return GDN_EINVAL;
-#ifndef GDN_HAVE_CUDA
-    if (op->backend == GDN_BACKEND_CUDA) return GDN_ENODEV;
-#endif
-    return GDN_OK;
+    gdn_op_layer op = s->op;
+    op.pool.data = (char *)op.pool.data + (size_t)(l * s->pool_layer_stride) * gdn_dtype_size(op.pool.dtype);
+    op.workspace = (char *)op.workspace + (size_t)(l * s->workspace_layer_bytes);
+    return op;
 }
 
 /* The kernels' parameters that do not depend on the step's tensors: B rows read from `rows`, T
  * tokens (0: a write-back), the pool, the gates' parameters and the strategy's workspace. */
-static gdn__layer_params base_params(const gdn_op_layer *op, const op_layout *layout, int32_t B, int32_t T,
+static gdn__layer_params base_params(const gdn_op_layer *op, const gdn__op_layout *layout, int32_t B, int32_t T,
                                      int verify, const int32_t *rows)
 {
     const gdn_model_config *m = &op->model;
@@ -164,11 +148,170 @@ static gdn__layer_params base_params(const gdn_op_layer *op, const op_layout *la
     return p;
 }
 
-/* Everything a step or commit needs, checked; the kernels' parameters with the workspace laid out. */
-static gdn_status prepare(const gdn_op_layer *op, gdn__layer_params *p, op_layout *layout)
+gdn__layer_params gdn__op_step_params(const gdn_op_layer *op, const gdn__op_layout *layout)
+{
+    gdn__layer_params p = base_params(op, layout, op->batch, op->tokens, op->kind == GDN_STEP_VERIFY, op->read_slots);
+    p.write_slots = op->write_slots;
+    gdn__layer_params_views(&p, &op->q, &op->k, &op->v, &op->a, &op->b, &op->o);
+    return p;
+}
+
+gdn__layer_params gdn__op_write_back_params(const gdn_op_layer *op, const gdn__op_layout *layout,
+                                            const int32_t *rows, int32_t count)
+{
+    gdn__layer_params p = base_params(op, layout, count, 0, 0, rows);
+    /* T = 0 reads no token input and writes no output; the kernels still want valid pointers. */
+    p.q = p.k = p.v = p.a = p.b = p.out = op->workspace;
+    return p;
+}
+
+int32_t *gdn__op_slot_count(const gdn__op_stack *s, int32_t slot)
+{
+    return (int32_t *)((char *)s->op.workspace + s->layout.counts) + slot;
+}
+
+int64_t gdn__op_counts_layer_stride(const gdn__op_stack *s)
+{
+    return s->workspace_layer_bytes / (int64_t)sizeof(int32_t);
+}
+
+gdn__commit_params gdn__op_commit_params(const gdn__op_stack *s, const int32_t *accepted)
+{
+    const gdn_op_layer *op = &s->op;
+    const int64_t state_size = (int64_t)gdn_dtype_size(op->pool.dtype);
+    gdn__commit_params c = {
+        .B = op->batch,
+        .T = op->tokens,
+        .num_layers = s->num_layers,
+        .HV = op->model.num_v_heads,
+        .K = op->model.head_dim_k,
+        .V = op->model.head_dim_v,
+        .state_dtype = op->pool.dtype,
+        .state = op->pool.data,
+        .state_layer_stride = s->pool_layer_stride,
+        .num_slots = op->pool.num_slots,
+        .slot_stride = op->pool.slot_stride,
+        .read_slots = op->read_slots,
+        .write_slots = op->write_slots,
+        .accepted = accepted,
+        .error_flag = op->error_flag,
+        .counts_layer_stride = gdn__op_counts_layer_stride(s),
+    };
+    char *ws = op->workspace;
+    if (op->strategy == GDN_VERIFY_CACHE) {
+        c.cache = ws + s->layout.cache;
+        c.cache_layer_stride = s->workspace_layer_bytes / state_size;
+        c.cache_row_stride = s->layout.cache_row_stride;
+    } else if (op->strategy == GDN_VERIFY_REPLAY) {
+        c.pending = (int32_t *)(ws + s->layout.counts);
+    } else {
+        c.ring_count = (int32_t *)(ws + s->layout.counts);
+    }
+    return c;
+}
+
+/* The pool state of `slot` in layer 0, and its bytes. */
+static char *slot_state(const gdn__op_stack *s, int32_t slot)
+{
+    return (char *)s->op.pool.data + (size_t)((int64_t)slot * s->op.pool.slot_stride) * gdn_dtype_size(s->op.pool.dtype);
+}
+static int64_t state_bytes(const gdn__op_stack *s) { return state_elems(&s->op) * (int64_t)gdn_dtype_size(s->op.pool.dtype); }
+static int64_t pool_layer_bytes(const gdn__op_stack *s)
+{
+    return s->pool_layer_stride * (int64_t)gdn_dtype_size(s->op.pool.dtype);
+}
+/* The slot's stored tokens or ring records in layer 0. */
+static char *side_of(const gdn__op_stack *s, int32_t slot)
+{
+    const int64_t at = s->op.strategy == GDN_VERIFY_REPLAY ? s->layout.token_store : s->layout.ring;
+    return (char *)s->op.workspace + at + (size_t)(slot * s->layout.side_bytes);
+}
+
+static void add_region(gdn__slot_copy_params *p, const void *src, void *dst, int64_t bytes, int64_t src_layer_stride,
+                       int64_t dst_layer_stride)
+{
+    p->region[p->regions++] = (gdn__slot_region){src, dst, bytes, src_layer_stride, dst_layer_stride};
+}
+
+/* A zero fill of the slot's counts in every layer. */
+static void clear_counts(const gdn__op_stack *s, gdn__slot_copy_params *p, int32_t slot)
+{
+    add_region(p, NULL, gdn__op_slot_count(s, slot), sizeof(int32_t), 0, s->workspace_layer_bytes);
+}
+
+gdn__slot_copy_params gdn__op_copy_params(const gdn__op_stack *s, int32_t dst, int32_t src, int src_counts_valid)
+{
+    gdn__slot_copy_params p = {.layers = s->num_layers};
+    const int64_t pool_stride = pool_layer_bytes(s), ws_stride = s->workspace_layer_bytes;
+    add_region(&p, slot_state(s, src), slot_state(s, dst), state_bytes(s), pool_stride, pool_stride);
+    if (gdn__op_keeps_work(&s->op)) {
+        add_region(&p, side_of(s, src), side_of(s, dst), s->layout.side_bytes, ws_stride, ws_stride);
+        if (src_counts_valid)
+            add_region(&p, gdn__op_slot_count(s, src), gdn__op_slot_count(s, dst), sizeof(int32_t), ws_stride, ws_stride);
+        else
+            clear_counts(s, &p, dst);
+    }
+    return p;
+}
+
+gdn__slot_copy_params gdn__op_import_params(const gdn__op_stack *s, int32_t slot, const void *src,
+                                            int64_t src_layer_stride)
+{
+    gdn__slot_copy_params p = {.layers = s->num_layers};
+    const int64_t size = (int64_t)gdn_dtype_size(s->op.pool.dtype);
+    add_region(&p, src, slot_state(s, slot), state_bytes(s), src_layer_stride * size, pool_layer_bytes(s));
+    if (gdn__op_keeps_work(&s->op)) clear_counts(s, &p, slot);
+    return p;
+}
+
+gdn__slot_copy_params gdn__op_set_row_params(const gdn__op_stack *s, int32_t *row, int32_t slot, int clear)
+{
+    gdn__slot_copy_params p = {.layers = s->num_layers, .set_at = row, .set_value = slot};
+    if (clear) clear_counts(s, &p, slot);
+    return p;
+}
+
+gdn__slot_copy_params gdn__op_export_params(const gdn__op_stack *s, int32_t slot, void *dst, int64_t dst_layer_stride)
+{
+    gdn__slot_copy_params p = {.layers = s->num_layers};
+    const int64_t size = (int64_t)gdn_dtype_size(s->op.pool.dtype);
+    add_region(&p, slot_state(s, slot), dst, state_bytes(s), pool_layer_bytes(s), dst_layer_stride * size);
+    return p;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The public ops: one layer, checked, run on the backend directly                                  */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The pool and workspace that every op needs, and a backend this build has. */
+static gdn_status check_memory(const gdn_op_layer *op)
+{
+    if (!op->pool.data || !op->workspace || op->pool.slot_stride < state_elems(op)) return GDN_EINVAL;
+#ifndef GDN_HAVE_CUDA
+    if (op->backend == GDN_BACKEND_CUDA) return GDN_ENODEV;
+#endif
+    return GDN_OK;
+}
+
+/* The description as a one-layer stack, checked (pool, workspace, strategy). */
+static gdn_status one_layer(const gdn_op_layer *op, gdn__op_stack *s)
 {
     if (!op) return GDN_EINVAL;
-    gdn_status status = check_description(op);
+    gdn_status status = gdn__op_check_description(op);
+    if (status == GDN_OK) status = check_memory(op);
+    if (status != GDN_OK) return status;
+    s->op = *op;
+    s->layout = gdn__op_layout_of(op, 1);
+    s->num_layers = 1;
+    s->pool_layer_stride = 0;
+    s->workspace_layer_bytes = s->layout.bytes;
+    return GDN_OK;
+}
+
+/* A step's or commit's description, checked. */
+static gdn_status check_step(const gdn_op_layer *op, gdn__op_stack *s)
+{
+    gdn_status status = one_layer(op, s);
     if (status != GDN_OK) return status;
     if (op->kind != GDN_STEP_DECODE && op->kind != GDN_STEP_VERIFY) return GDN_ESTEP_KIND;
     if (op->kind == GDN_STEP_DECODE ? op->tokens != 1 : (op->tokens < 1 || op->tokens > op->max_tokens))
@@ -177,19 +320,14 @@ static gdn_status prepare(const gdn_op_layer *op, gdn__layer_params *p, op_layou
     if (!op->q.data || !op->k.data || !op->v.data || !op->a.data || !op->b.data || !op->o.data || !op->A_log ||
         !op->dt_bias || !op->read_slots)
         return GDN_EINVAL;
-    if ((status = check_memory(op)) != GDN_OK) return status;
-    *layout = layout_of(op);
-    *p = base_params(op, layout, op->batch, op->tokens, op->kind == GDN_STEP_VERIFY, op->read_slots);
-    p->write_slots = op->write_slots;
-    gdn__layer_params_views(p, &op->q, &op->k, &op->v, &op->a, &op->b, &op->o);
     return GDN_OK;
 }
 
 /* The backend's layer step (the CPU one runs on the workspace's scratch). */
-static gdn_status run_layer(const gdn_op_layer *op, const gdn__layer_params *p, const op_layout *layout, void *stream)
+static gdn_status run_layer(const gdn__op_stack *s, const gdn__layer_params *p, void *stream)
 {
-    if (op->backend == GDN_BACKEND_CPU) {
-        gdn__ref_layer_step_in(p, (char *)op->workspace + layout->scratch);
+    if (s->op.backend == GDN_BACKEND_CPU) {
+        gdn__ref_layer_step_in(p, (char *)s->op.workspace + s->layout.scratch);
         return GDN_OK;
     }
 #ifdef GDN_HAVE_CUDA
@@ -200,42 +338,37 @@ static gdn_status run_layer(const gdn_op_layer *op, const gdn__layer_params *p, 
 #endif
 }
 
+static gdn_status run_slot_copy(const gdn__op_stack *s, const gdn__slot_copy_params *p, void *stream)
+{
+    if (s->op.backend == GDN_BACKEND_CPU) {
+        gdn__ref_slot_copy(p);
+        return GDN_OK;
+    }
+#ifdef GDN_HAVE_CUDA
+    return gdn__cuda_slot_copy(p, stream);
+#else
+    (void)stream;
+    return GDN_ENODEV;
+#endif
+}
+
 gdn_status gdn_op_layer_step(const gdn_op_layer *op, void *stream)
 {
-    gdn__layer_params p;
-    op_layout layout;
-    const gdn_status status = prepare(op, &p, &layout);
-    return status == GDN_OK ? run_layer(op, &p, &layout, stream) : status;
+    gdn__op_stack s;
+    const gdn_status status = check_step(op, &s);
+    if (status != GDN_OK) return status;
+    const gdn__layer_params p = gdn__op_step_params(op, &s.layout);
+    return run_layer(&s, &p, stream);
 }
 
 gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted, void *stream)
 {
-    gdn__layer_params p;
-    op_layout layout;
-    const gdn_status status = prepare(op, &p, &layout);
+    gdn__op_stack s;
+    const gdn_status status = check_step(op, &s);
     if (status != GDN_OK) return status;
     if (op->kind != GDN_STEP_VERIFY) return GDN_ESTEP_KIND;
     if (!accepted) return GDN_EINVAL;
-    const gdn__commit_params c = {
-        .B = p.B,
-        .T = p.T,
-        .num_layers = 1,
-        .HV = p.HV,
-        .K = p.K,
-        .V = p.V,
-        .state_dtype = p.state_dtype,
-        .state = p.state,
-        .num_slots = p.num_slots,
-        .slot_stride = p.slot_stride,
-        .cache = p.cache,
-        .cache_row_stride = p.cache_row_stride,
-        .read_slots = p.read_slots,
-        .write_slots = p.write_slots,
-        .accepted = accepted,
-        .error_flag = p.error_flag,
-        .pending = p.pending,
-        .ring_count = p.ring_count,
-    };
+    const gdn__commit_params c = gdn__op_commit_params(&s, accepted);
     if (op->backend == GDN_BACKEND_CPU) {
         gdn__ref_commit(&c);
         return GDN_OK;
@@ -248,70 +381,16 @@ gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted, void *
 #endif
 }
 
-/* ---------------------------------------------------------------------------------------------- */
-/* Flush and slot operations                                                                        */
-/* ---------------------------------------------------------------------------------------------- */
-
-/* The description without a step: what slot operations need (pool, workspace, strategy). */
-static gdn_status prepare_slots(const gdn_op_layer *op, op_layout *layout)
-{
-    if (!op) return GDN_EINVAL;
-    gdn_status status = check_description(op);
-    if (status == GDN_OK) status = check_memory(op);
-    if (status == GDN_OK) *layout = layout_of(op);
-    return status;
-}
-
-static gdn_status run_slot_copy(const gdn_op_layer *op, const gdn__slot_copy_params *p, void *stream)
-{
-    if (op->backend == GDN_BACKEND_CPU) {
-        gdn__ref_slot_copy(p);
-        return GDN_OK;
-    }
-#ifdef GDN_HAVE_CUDA
-    return gdn__cuda_slot_copy(p, stream);
-#else
-    (void)stream;
-    return GDN_ENODEV;
-#endif
-}
-
-static char *slot_state(const gdn_op_layer *op, int32_t slot)
-{
-    return (char *)op->pool.data + (size_t)((int64_t)slot * op->pool.slot_stride) * gdn_dtype_size(op->pool.dtype);
-}
-static int64_t state_bytes(const gdn_op_layer *op) { return state_elems(op) * (int64_t)gdn_dtype_size(op->pool.dtype); }
-static int keeps_work(const gdn_op_layer *op) { return op->strategy != GDN_VERIFY_CACHE; }
-static char *side_of(const gdn_op_layer *op, const op_layout *l, int32_t slot)
-{
-    return (char *)op->workspace + (op->strategy == GDN_VERIFY_REPLAY ? l->token_store : l->ring) +
-           (size_t)(slot * l->side_bytes);
-}
-static int32_t *count_of(const gdn_op_layer *op, const op_layout *l, int32_t slot)
-{
-    return (int32_t *)((char *)op->workspace + l->counts) + slot;
-}
-
-/* A zero-token step of `count` rows read from `rows` (backend memory): their pending work written
- * back in place. */
-static gdn_status write_back(const gdn_op_layer *op, const op_layout *layout, const int32_t *rows, int32_t count,
-                             void *stream)
-{
-    gdn__layer_params p = base_params(op, layout, count, 0, 0, rows);
-    /* T = 0 reads no token input and writes no output; the kernels still want valid pointers. */
-    p.q = p.k = p.v = p.a = p.b = p.out = op->workspace;
-    return run_layer(op, &p, layout, stream);
-}
-
 gdn_status gdn_op_flush(const gdn_op_layer *op, const int32_t *slots, int32_t count, void *stream)
 {
-    op_layout layout;
-    gdn_status status = prepare_slots(op, &layout);
+    gdn__op_stack s;
+    gdn_status status = one_layer(op, &s);
     if (status != GDN_OK) return status;
     if (!op->A_log || !op->dt_bias || (count > 0 && !slots)) return GDN_EINVAL;
     if (count < 0 || count > op->max_batch) return GDN_ESTEP_BATCH;
-    if (!keeps_work(op) || count == 0) return GDN_OK;
-    return write_back(op, &layout, slots, count, stream);
+    if (!gdn__op_keeps_work(op) || count == 0) return GDN_OK;
+    const gdn__layer_params p = gdn__op_write_back_params(op, &s.layout, slots, count);
+    return run_layer(&s, &p, stream);
 }
 
 static gdn_status check_slot(const gdn_op_layer *op, int32_t slot)
@@ -321,32 +400,24 @@ static gdn_status check_slot(const gdn_op_layer *op, int32_t slot)
 
 gdn_status gdn_op_slot_copy(const gdn_op_layer *op, int32_t dst, int32_t src, void *stream)
 {
-    op_layout l;
-    gdn_status status = prepare_slots(op, &l);
+    gdn__op_stack s;
+    gdn_status status = one_layer(op, &s);
     if (status == GDN_OK) status = check_slot(op, dst);
     if (status == GDN_OK) status = check_slot(op, src);
     if (status != GDN_OK) return status;
     if (dst == src) return GDN_EINVAL;
-    gdn__slot_copy_params p = {.layers = 1};
-    p.region[p.regions++] = (gdn__slot_region){slot_state(op, src), slot_state(op, dst), state_bytes(op), 0, 0};
-    if (keeps_work(op)) {
-        p.region[p.regions++] = (gdn__slot_region){side_of(op, &l, src), side_of(op, &l, dst), l.side_bytes, 0, 0};
-        p.region[p.regions++] = (gdn__slot_region){count_of(op, &l, src), count_of(op, &l, dst), sizeof(int32_t), 0, 0};
-    }
-    return run_slot_copy(op, &p, stream);
+    const gdn__slot_copy_params p = gdn__op_copy_params(&s, dst, src, 1);
+    return run_slot_copy(&s, &p, stream);
 }
 
 gdn_status gdn_op_slot_import(const gdn_op_layer *op, int32_t slot, const void *src, void *stream)
 {
-    op_layout l;
-    gdn_status status = prepare_slots(op, &l);
+    gdn__op_stack s;
+    gdn_status status = one_layer(op, &s);
     if (status == GDN_OK) status = check_slot(op, slot);
     if (status != GDN_OK) return status;
-    gdn__slot_copy_params p = {.layers = 1};
-    /* src NULL: a reset (zeros) */
-    p.region[p.regions++] = (gdn__slot_region){src, slot_state(op, slot), state_bytes(op), 0, 0};
-    if (keeps_work(op)) p.region[p.regions++] = (gdn__slot_region){NULL, count_of(op, &l, slot), sizeof(int32_t), 0, 0};
-    return run_slot_copy(op, &p, stream);
+    const gdn__slot_copy_params p = gdn__op_import_params(&s, slot, src, 0); /* src NULL: a reset */
+    return run_slot_copy(&s, &p, stream);
 }
 
 gdn_status gdn_op_slot_reset(const gdn_op_layer *op, int32_t slot, void *stream)
@@ -356,19 +427,19 @@ gdn_status gdn_op_slot_reset(const gdn_op_layer *op, int32_t slot, void *stream)
 
 gdn_status gdn_op_slot_export(const gdn_op_layer *op, int32_t slot, void *dst, void *stream)
 {
-    op_layout l;
-    gdn_status status = prepare_slots(op, &l);
+    gdn__op_stack s;
+    gdn_status status = one_layer(op, &s);
     if (status == GDN_OK) status = check_slot(op, slot);
     if (status != GDN_OK) return status;
-    if (!dst || (keeps_work(op) && (!op->A_log || !op->dt_bias))) return GDN_EINVAL;
-    if (keeps_work(op)) { /* write the slot's pending work back first: its row set by a launch */
-        int32_t *row = (int32_t *)((char *)op->workspace + l.flush_row);
-        const gdn__slot_copy_params set = {.layers = 1, .set_at = row, .set_value = slot};
-        status = run_slot_copy(op, &set, stream);
-        if (status == GDN_OK) status = write_back(op, &l, row, 1, stream);
+    if (!dst || (gdn__op_keeps_work(op) && (!op->A_log || !op->dt_bias))) return GDN_EINVAL;
+    if (gdn__op_keeps_work(op)) { /* write the slot's pending work back first: its row set by a launch */
+        int32_t *row = (int32_t *)((char *)op->workspace + s.layout.flush_row);
+        const gdn__slot_copy_params set = gdn__op_set_row_params(&s, row, slot, 0);
+        status = run_slot_copy(&s, &set, stream);
+        const gdn__layer_params p = gdn__op_write_back_params(op, &s.layout, row, 1);
+        if (status == GDN_OK) status = run_layer(&s, &p, stream);
         if (status != GDN_OK) return status;
     }
-    gdn__slot_copy_params p = {.layers = 1};
-    p.region[p.regions++] = (gdn__slot_region){slot_state(op, slot), dst, state_bytes(op), 0, 0};
-    return run_slot_copy(op, &p, stream);
+    const gdn__slot_copy_params p = gdn__op_export_params(&s, slot, dst, 0);
+    return run_slot_copy(&s, &p, stream);
 }

@@ -28,7 +28,7 @@ gdn_status gdn__cuda_slot_copy(const gdn__slot_copy_params *p, void *stream);
 
 /* The step-row mailbox (kernels/gdn_cuda_fetch.cu): copies the row values of ring entry
  * (*device_seq % ring_entries) into dst and, when pending is not NULL (replay strategy), zeroes
- * pending[l * num_slots + s] for every layer l and every slot s the entry lists as a clear; then
+ * pending[l * counts_layer_stride + s] for every layer l and every slot s the entry lists as a clear; then
  * advances *device_seq and publishes it to *host_done. */
 typedef struct gdn__fetch_params {
     const int32_t *ring;    /* mapped pinned host memory [ring_entries][entry_stride] */
@@ -37,9 +37,9 @@ typedef struct gdn__fetch_params {
     long long *device_seq;  /* device memory: entries consumed so far */
     long long *host_done;   /* mapped pinned host memory: the same count, for the host */
     int32_t *dst;           /* device memory, >= entry_stride - 1 values */
-    int32_t *pending;       /* replay: device [num_layers][num_slots] pending counts; NULL: no clears */
+    int32_t *pending;       /* replay, ring: layer 0's device counts; NULL: no clears */
     int32_t num_layers;
-    long long num_slots;
+    long long counts_layer_stride; /* int32 elements between layers' counts */
 } gdn__fetch_params;
 
 gdn_status gdn__cuda_fetch_rows(const gdn__fetch_params *p, void *stream);

@@ -84,9 +84,9 @@ __global__ void __launch_bounds__(128) commit_pending_kernel(const gdn__commit_p
     int n = p.accepted[i];
     n = n < 0 ? 0 : (n > p.T ? p.T : n);
     if (p.ring_count)
-        for (int64_t l = threadIdx.x; l < p.num_layers; l += blockDim.x) p.ring_count[l * p.num_slots + w] += n;
+        for (int64_t l = threadIdx.x; l < p.num_layers; l += blockDim.x) p.ring_count[l * p.counts_layer_stride + w] += n;
     else
-        for (int64_t l = threadIdx.x; l < p.num_layers; l += blockDim.x) p.pending[l * p.num_slots + w] = n;
+        for (int64_t l = threadIdx.x; l < p.num_layers; l += blockDim.x) p.pending[l * p.counts_layer_stride + w] = n;
 }
 
 extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream)

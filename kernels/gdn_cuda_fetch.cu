@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(FETCH_THREADS) gdn_fetch_rows_kernel(gdn__fetc
     if (p.pending) {
         const int32_t clears = count + 2 <= p.entry_stride ? min(at(1 + count), p.entry_stride - 2 - count) : 0;
         for (int64_t j = threadIdx.x; j < (int64_t)clears * p.num_layers; j += FETCH_THREADS)
-            p.pending[(j % p.num_layers) * p.num_slots + at(2 + count + j / p.num_layers)] = 0;
+            p.pending[(j % p.num_layers) * p.counts_layer_stride + at(2 + count + j / p.num_layers)] = 0;
     }
     __syncthreads(); // every read of the entry has returned: it may be reused
     if (threadIdx.x == 0) {
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(FETCH_THREADS) gdn_fetch_rows_kernel(gdn__fetc
 extern "C" gdn_status gdn__cuda_fetch_rows(const gdn__fetch_params *p, void *stream)
 {
     if (!p || !p->ring || !p->device_seq || !p->host_done || !p->dst || p->ring_entries < 1 || p->entry_stride < 2 ||
-        (p->pending && (p->num_layers < 1 || p->num_slots < 1)))
+        (p->pending && (p->num_layers < 1 || p->counts_layer_stride < 1)))
         return GDN_EINVAL;
     gdn_fetch_rows_kernel<<<1, FETCH_THREADS, 0, (cudaStream_t)stream>>>(*p);
     GDN__CUDA_TRY(gdn__cuda_launch_error());

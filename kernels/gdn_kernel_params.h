@@ -208,11 +208,13 @@ typedef struct gdn__commit_params {
     const int32_t *accepted;    /* [B] */
     int32_t *error_flag;
     /* Replay strategy: instead of copying from the cache, pending_l[w] = n for every layer (layer l's
-     * counts at pending + l * num_slots); cache is NULL then. */
+     * counts at pending + l * counts_layer_stride); cache is NULL then. */
     int32_t *pending;
     /* Ring strategy: ring_count_l[w] += n for every layer instead (layer l's counts at ring_count +
-     * l * num_slots; the verify left count_l[w] at the records' base); cache and pending are NULL. */
+     * l * counts_layer_stride; the verify left count_l[w] at the records' base); cache and pending
+     * are NULL. */
     int32_t *ring_count;
+    int64_t counts_layer_stride; /* int32 elements */
 } gdn__commit_params;
 
 /* Device-side slot operations (one launch for all layers): first, when set_at != NULL,

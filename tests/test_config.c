@@ -235,10 +235,14 @@ Test(config, replay_strategy_allocates_a_token_store_instead_of_the_cache)
     gdn_memory_report r;
     cr_assert_eq(gdn_engine_memory(e, &r), GDN_OK);
     cr_assert_eq(r.verify_cache, 0);
-    const uint64_t token_elems = 2 * 64 + 4 * 64 + 2 * 4; /* k, v, a, b */
-    const uint64_t store = 2ull * 8 * 4 * token_elems * 2; /* layers x slots x T x bf16 */
-    const uint64_t meta = 2ull * 8 * 4 + 8 * 4;             /* pending per layer and slot, arrivals per row */
-    cr_assert_eq(r.token_store, store + meta);
+    /* Per layer, each part 256-byte aligned: the stored tokens (slots x T x (k, v, a, b) in bf16),
+     * the pending counts per slot, the arrival counts per row, the flush row. */
+#define ALIGN256(x) (((x) + 255) / 256 * 256)
+    const uint64_t token_elems = 2 * 64 + 4 * 64 + 2 * 4;
+    const uint64_t per_layer = ALIGN256(8ull * 4 * token_elems * 2) + ALIGN256(8ull * 4) +
+                               ALIGN256((uint64_t)c.max_batch * 4) + ALIGN256(4ull);
+#undef ALIGN256
+    cr_assert_eq(r.token_store, 2 * per_layer);
     cr_assert_eq(r.ring, 0);
     cr_assert_eq(r.total, r.state_pools + r.token_store + r.io_buffers + r.parameters + r.indices);
     gdn_engine_destroy(e);

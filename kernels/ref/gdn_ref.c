@@ -312,11 +312,11 @@ void gdn__ref_commit(const gdn__commit_params *p)
         int32_t n = p->accepted[i];
         n = n < 0 ? 0 : (n > p->T ? p->T : n);
         if (p->ring_count) { /* ring: the verify left each count at its records' base */
-            for (int32_t l = 0; l < p->num_layers; l++) p->ring_count[(int64_t)l * p->num_slots + w] += n;
+            for (int32_t l = 0; l < p->num_layers; l++) p->ring_count[(int64_t)l * p->counts_layer_stride + w] += n;
             continue;
         }
         if (p->pending) { /* replay: the next kernel that touches the slot folds them */
-            for (int32_t l = 0; l < p->num_layers; l++) p->pending[(int64_t)l * p->num_slots + w] = n;
+            for (int32_t l = 0; l < p->num_layers; l++) p->pending[(int64_t)l * p->counts_layer_stride + w] = n;
             continue;
         }
         if (n == 0) continue;
