@@ -21,7 +21,7 @@
  * The other strategies keep their medians of 8-step samples (one step for direct launches).
  *
  *   gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--host-burst N]
- *                      [--verify auto|cache|replay|ring] [--ring-length L] [--json FILE]
+ *                      [--verify auto|cache|fold|ring] [--ring-length L] [--json FILE]
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -74,7 +74,7 @@ static int issue_direct(gdn_engine *e, const int32_t *slots, int32_t batch, int3
 
 typedef enum timed_work { TIMED_STEPS, TIMED_DIRECT } timed_work;
 
-/* How GPU time is sampled. Cache and replay: 20 samples of 8 whole steps (graph replays) or of one
+/* How GPU time is sampled. Cache and fold: 20 samples of 8 whole steps (graph replays) or of one
  * step (direct launches), median. Ring: samples of a whole number of L steps (at least 8) for both,
  * their mean (see the file comment): about 160 graph-replayed steps in all, and about 48 steps for
  * each direct-launch measurement (at least 2 samples; they matter less, and cost 36 launches a step). */
@@ -243,9 +243,9 @@ int gdn_bench_engine_main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--state") && v) state = strcmp(argv[++i], "f32") == 0 ? GDN_DTYPE_F32 : GDN_DTYPE_BF16;
         else if (!strcmp(a, "--verify") && v &&
-                 (!strcmp(v, "auto") || !strcmp(v, "cache") || !strcmp(v, "replay") || !strcmp(v, "ring"))) {
+                 (!strcmp(v, "auto") || !strcmp(v, "cache") || !strcmp(v, "fold") || !strcmp(v, "ring"))) {
             verify = !strcmp(v, "cache")    ? GDN_VERIFY_CACHE
-                     : !strcmp(v, "replay") ? GDN_VERIFY_REPLAY
+                     : !strcmp(v, "fold") ? GDN_VERIFY_FOLD
                      : !strcmp(v, "ring")   ? GDN_VERIFY_RING
                                             : GDN_VERIFY_AUTO;
             i++;
@@ -261,7 +261,7 @@ int gdn_bench_engine_main(int argc, char **argv)
             for (char *tok = strtok(argv[++i], ","); tok && n_tokens < 8; tok = strtok(NULL, ",")) tokens[n_tokens++] = atoi(tok);
         } else {
             fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] "
-                            "[--host-burst 1..12] [--verify auto|cache|replay|ring] [--ring-length 4..32] [--json FILE]\n");
+                            "[--host-burst 1..12] [--verify auto|cache|fold|ring] [--ring-length 4..32] [--json FILE]\n");
             return 2;
         }
     }
@@ -289,7 +289,7 @@ int gdn_bench_engine_main(int argc, char **argv)
     const gdn_engine_config *rc = gdn_engine_get_config(e);
     gdn_memory_report mem;
     CHECK_GDN(gdn_engine_memory(e, &mem));
-    const char *strategy = rc->verify_strategy == GDN_VERIFY_REPLAY ? "replay"
+    const char *strategy = rc->verify_strategy == GDN_VERIFY_FOLD ? "fold"
                            : rc->verify_strategy == GDN_VERIFY_RING ? "ring"
                                                                     : "cache";
     const int32_t ring_len = rc->verify_strategy == GDN_VERIFY_RING ? rc->ring_length : 0;

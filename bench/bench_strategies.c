@@ -1,5 +1,5 @@
 /*
- * gdn-bench --strategies: the verify strategies side by side (cache, replay, ring), per preset, state
+ * gdn-bench --strategies: the verify strategies side by side (cache, fold, ring), per preset, state
  * dtype, T and batch size B, through the engine's public API (graphs captured lazily):
  *
  *   - memory beyond the pools (gdn_engine_memory: verify cache, token store or ring, over the pools);
@@ -16,7 +16,7 @@
  *     B <= L). Then one whole cycle of G * L steps as warm-up, then samples of a whole number of
  *     G * L steps (each row goes through whole ring cycles: its write-back every L-th decode counts
  *     at its true rate). The reported time is the MEAN per step over all samples (min / max of the
- *     sample means beside it). Cache and replay: L = 1 in the above.
+ *     sample means beside it). Cache and fold: L = 1 in the above.
  *   - Verify + commit: accepted counts drawn uniformly from 0..T per row and step (a table of 61
  *     patterns on the device; before each commit one pattern is copied into gdn_engine_accepted, as
  *     a sampler would write it); G * max(4, 4 C) warm-up steps (C = max(L, T), the ring capacity)
@@ -36,7 +36,7 @@
  *                 are COUNTED by the mirror, not estimated); commit: the counts only (~0);
  *   cache:        decode S read + S written; verify S read + T states written to the cache, commit
  *                 reads the accepted entry and writes the pool (2 S) for rows that accepted >= 1;
- *   replay:       decode S read, p pending tokens read, S written; verify the same plus T tokens
+ *   fold:       decode S read, p pending tokens read, S written; verify the same plus T tokens
  *                 stored (a token: (HK K + HV V + 2 HV) 2 bytes); commit ~0;
  *   all:          q, k, v, a, b read and o written (bf16) for every row and token.
  * A header line shows the ring decode's components by the formula (h_avg = (L - 1) / 2, flush 1 / L)
@@ -47,11 +47,11 @@
  * given: then the whole procedure runs on the CPU backend with wall-clock times (a smoke test of the
  * procedure; the times mean nothing). --check compares, for a whole cycle of steps before the timing,
  * which pool entries of layer 0 each step changed against the mirror's prediction (ring: exactly the
- * rows that write back; cache: decode rows and committed rows; replay: decode rows and rows with
+ * rows that write back; cache: decode rows and committed rows; fold: decode rows and rows with
  * pending tokens), and counts mismatches.
  *
  *   gdn-bench --strategies [--preset qwen3-next,qwen3.5] [--state f32,bf16] [--tokens 4,8]
- *                          [--batch 64] [--strategy cache,replay,ring] [--ring-length 16]
+ *                          [--batch 64] [--strategy cache,fold,ring] [--ring-length 16]
  *                          [--slots 1024] [--layers 8] [--samples 20] [--groups G] [--cpu-time]
  *                          [--check] [--json FILE]
  */
@@ -93,7 +93,7 @@ typedef struct sopts {
 
 static const char *sname(gdn_verify_strategy s)
 {
-    return s == GDN_VERIFY_CACHE ? "cache" : s == GDN_VERIFY_REPLAY ? "replay" : s == GDN_VERIFY_RING ? "ring" : "auto";
+    return s == GDN_VERIFY_CACHE ? "cache" : s == GDN_VERIFY_FOLD ? "fold" : s == GDN_VERIFY_RING ? "ring" : "auto";
 }
 
 static const char *dname(gdn_dtype d) { return d == GDN_DTYPE_F32 ? "f32" : "bf16"; }
@@ -105,10 +105,10 @@ static const char *dname(gdn_dtype d) { return d == GDN_DTYPE_F32 ? "f32" : "bf1
 typedef struct mirror {
     gdn_verify_strategy strategy;
     int32_t L, C;          /* ring length and capacity max(L, max_tokens) */
-    int32_t *count;        /* [num_slots]: ring records (ring) or pending tokens (replay) */
+    int32_t *count;        /* [num_slots]: ring records (ring) or pending tokens (fold) */
     double state_b;        /* one slot's state, one layer */
     double rec_b;          /* one ring record of a row (all value heads) */
-    double tok_b;          /* one stored replay token of a row */
+    double tok_b;          /* one stored fold token of a row */
     double io_tok_b;       /* one token of a row: q, k, v, a, b read, o written (bf16) */
     int counting;
     double steps, live, h_sum, writebacks;
@@ -140,7 +140,7 @@ static void mirror_decode(mirror *m, const int32_t *rows, int32_t B)
             } else {
                 rec_w += m->rec_b, m->count[s] = h + 1;
             }
-        } else if (m->strategy == GDN_VERIFY_REPLAY) {
+        } else if (m->strategy == GDN_VERIFY_FOLD) {
             const int32_t p = m->count[s];
             h_sum += p, rec_r += p * m->tok_b, st_w += m->state_b, wb++, m->count[s] = 0, m->changed[i] = 1;
         } else {
@@ -169,7 +169,7 @@ static void mirror_verify(mirror *m, const int32_t *rows, int32_t B, int32_t T, 
             if (flush) st_w += m->state_b, wb++, m->changed[i] = 1;
             rec_w += T * m->rec_b;
             m->count[s] = (flush ? 0 : h) + a; /* the verify leaves the base, commit adds a */
-        } else if (m->strategy == GDN_VERIFY_REPLAY) {
+        } else if (m->strategy == GDN_VERIFY_FOLD) {
             const int32_t p = m->count[s];
             h_sum += p, rec_r += p * m->tok_b, st_w += m->state_b, wb++, rec_w += T * m->tok_b;
             m->changed[i] = p > 0; /* the folded state is written; unchanged when nothing was pending */
@@ -374,11 +374,11 @@ static int time_accepted_copy(ctx *c, stopwatch *w, int n, double *us)
 typedef struct srow {
     char preset[32];
     gdn_dtype state;
-    int32_t T, B, G, L; /* L: ring length, 0 for cache and replay */
+    int32_t T, B, G, L; /* L: ring length, 0 for cache and fold */
     gdn_verify_strategy strategy;
     int verify;         /* 0: decode; 1: verify + commit */
     double us, us_lo, us_hi, copy_us; /* per layer step; copy_us: accepted copy per step (subtracted) */
-    double h_avg, writeback_pct;      /* mean fill level (ring) / pending tokens (replay); rows writing S */
+    double h_avg, writeback_pct;      /* mean fill level (ring) / pending tokens (fold); rows writing S */
     double st_r, st_w, rec_r, rec_w, commit, io, total; /* bytes per layer step */
     double gbps, pct_copy;
     long long check_rows, check_bad;
@@ -545,7 +545,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: gdn-bench --strategies [--preset qwen3-next,qwen3.5,tiny] [--state f32,bf16] [--tokens 4,8]\n"
-            "                              [--batch 64,...] [--strategy cache,replay,ring] [--ring-length 16,...]\n"
+            "                              [--batch 64,...] [--strategy cache,fold,ring] [--ring-length 16,...]\n"
             "                              [--slots 1024] [--layers 8] [--samples 20] [--groups G] [--cpu-time]\n"
             "                              [--check] [--json FILE]\n");
 }
@@ -553,7 +553,7 @@ static void usage(void)
 static int parse(int argc, char **argv, sopts *o)
 {
     memset(o, 0, sizeof *o);
-    const char *presets = "qwen3-next,qwen3.5", *states = "f32,bf16", *strategies = "cache,replay,ring";
+    const char *presets = "qwen3-next,qwen3.5", *states = "f32,bf16", *strategies = "cache,fold,ring";
     int rings[MAX_LIST] = {GDN_DEFAULT_RING_LENGTH}, nrings = 1;
     o->ntokens = 2, o->tokens[0] = 4, o->tokens[1] = 8;
     o->nbatch = 1, o->batch[0] = 64;
@@ -588,7 +588,7 @@ static int parse(int argc, char **argv, sopts *o)
     if (strstr(states, "f32")) o->states[o->nstates++] = GDN_DTYPE_F32;
     if (strstr(states, "bf16")) o->states[o->nstates++] = GDN_DTYPE_BF16;
     if (strstr(strategies, "cache")) o->variants[o->nvariants++] = (variant){GDN_VERIFY_CACHE, 0};
-    if (strstr(strategies, "replay")) o->variants[o->nvariants++] = (variant){GDN_VERIFY_REPLAY, 0};
+    if (strstr(strategies, "fold")) o->variants[o->nvariants++] = (variant){GDN_VERIFY_FOLD, 0};
     if (strstr(strategies, "ring"))
         for (int j = 0; j < nrings; j++) o->variants[o->nvariants++] = (variant){GDN_VERIFY_RING, rings[j]};
     for (int j = 0; j < o->ntokens; j++)
@@ -681,8 +681,8 @@ int gdn_bench_strategies_main(int argc, char **argv)
            "verify: verify + commit, accepted uniform in 0..T, steady state, the accepted-count copy subtracted\n",
            o.layers, o.num_slots);
     printf("# columns: G groups of B slots rotated (cold state); us mean, min, max of sample means; fill: mean ring fill\n"
-           "#   level read (replay: pending tokens folded); wb%%: rows writing the state back (ring flushes; cache decode\n"
-           "#   and commits; replay all); MB per layer step: state read, state (or cache) written, records (replay:\n"
+           "#   level read (fold: pending tokens folded); wb%%: rows writing the state back (ring flushes; cache decode\n"
+           "#   and commits; fold all); MB per layer step: state read, state (or cache) written, records (fold:\n"
            "#   tokens) read and written, commit, q k v a b o; total; GB/s and %% of the copy ceiling; verify / own\n"
            "#   decode; this row / the cache strategy's decode (same preset, state, T, B)\n");
 

@@ -16,7 +16,7 @@
  *   gdn-bench [--quick] [--preset qwen3-next,qwen3.5,tiny,wide] [--state f32,bf16] [--batch 1,2,...]
  *             [--tokens 1,2,...] [--commit] [--json FILE] [--no-time]
  *   gdn-bench --engine ...       the whole-engine step of a 36-layer model (bench_engine.c)
- *   gdn-bench --strategies ...   cache, replay and ring verify: memory beyond the pools, decode and
+ *   gdn-bench --strategies ...   cache, fold and ring verify: memory beyond the pools, decode and
  *                                verify + commit time, bytes moved (bench_strategies.c)
  *   gdn-bench --drift ...        bf16-state drift from a float64 run over thousands of decode steps,
  *                                per-token rounding vs the ring strategy (bench_drift.c)

@@ -143,7 +143,7 @@ static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count,
     while (cu->host_seq - *cu->done >= ROW_RING_ENTRIES) sched_yield();
     int32_t *entry = cu->ring + (size_t)(cu->host_seq % ROW_RING_ENTRIES) * (size_t)cu->entry_stride;
     memcpy(entry + 1, rows, sizeof(int32_t) * (size_t)count);
-    entry[1 + count] = n_clears; /* read only by the replay strategy's fetch */
+    entry[1 + count] = n_clears; /* read only by the fold strategy's fetch */
     if (n_clears) memcpy(entry + 2 + count, clears, sizeof(int32_t) * (size_t)n_clears);
     entry[0] = count;
     atomic_thread_fence(memory_order_release); /* the entry is complete before any launch that reads it */

@@ -29,7 +29,7 @@ typedef struct gdn__backend_iface {
      * freed since the last step from transient host memory into the backend's staging, with no CUDA
      * call (it waits only while the device is a whole staging ring behind); fetch_rows enqueues, or
      * inside a capture records, the step's first work: the copy of the staged rows into `dst` and,
-     * when `pending` is not NULL (replay, ring), pending[l * counts_layer_stride + s] = 0 for every
+     * when `pending` is not NULL (fold, ring), pending[l * counts_layer_stride + s] = 0 for every
      * layer l and every staged clear s (so that the next request in a freed slot does not fold the previous
      * one's tokens); consume_rows tells the backend that work holding a fetch of the staged rows was
      * launched, so the next stage_rows takes a new entry. */

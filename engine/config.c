@@ -100,7 +100,7 @@ gdn_status gdn_engine_config_validate(const gdn_engine_config *c)
         }
         if (c->buckets[c->num_buckets - 1] != c->max_batch) return GDN_ECONFIG_BUCKETS;
     }
-    if (c->verify_strategy != GDN_VERIFY_CACHE && c->verify_strategy != GDN_VERIFY_REPLAY &&
+    if (c->verify_strategy != GDN_VERIFY_CACHE && c->verify_strategy != GDN_VERIFY_FOLD &&
         c->verify_strategy != GDN_VERIFY_AUTO && c->verify_strategy != GDN_VERIFY_RING)
         return GDN_ECONFIG_VERIFY;
     if (c->ring_length != 0 && (c->ring_length < GDN_MIN_RING_LENGTH || c->ring_length > GDN_MAX_RING_LENGTH))
@@ -140,7 +140,7 @@ gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_confi
     if (disable && strcmp(disable, "1") == 0) resolved->graph_mode = GDN_GRAPHS_OFF;
     if (resolved->verify_strategy == GDN_VERIFY_AUTO) /* see GDN_VERIFY_AUTO for the measurements */
         resolved->verify_strategy =
-            resolved->max_tokens > 1 && resolved->max_batch >= 16 ? GDN_VERIFY_REPLAY : GDN_VERIFY_CACHE;
+            resolved->max_tokens > 1 && resolved->max_batch >= 16 ? GDN_VERIFY_FOLD : GDN_VERIFY_CACHE;
     if (resolved->ring_length == 0) resolved->ring_length = GDN_DEFAULT_RING_LENGTH;
     if (resolved->model.scale == 0.0f) resolved->model.scale = 1.0f / sqrtf((float)resolved->model.head_dim_k);
     return GDN_OK;

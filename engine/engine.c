@@ -50,8 +50,8 @@ struct gdn_engine {
     int owns_state;       /* the pools are the engine's (not config.state_pool) */
     uint8_t *layer_ran;   /* host [L] */
     int32_t *row_staging; /* host [2 * max_batch]: padded read then write slots, as uploaded */
-    int32_t *clear_list;  /* replay, ring: host [num_slots]: freed slots whose counts the next step clears */
-    uint8_t *clear_flag;  /* replay, ring: host [num_slots]: in clear_list */
+    int32_t *clear_list;  /* fold, ring: host [num_slots]: freed slots whose counts the next step clears */
+    uint8_t *clear_flag;  /* fold, ring: host [num_slots]: in clear_list */
     int32_t clear_count;
     step_state step;
     void *last_stream;       /* the stream of the engine's last enqueued work (synchronous calls order after it) */
@@ -79,10 +79,10 @@ static int32_t *write_slots_buffer(const gdn_engine *e, int32_t bucket) { return
 static int32_t *accepted_buffer(const gdn_engine *e) { return e->indices + 2 * e->config.max_batch; }
 static int32_t *error_flag_buffer(const gdn_engine *e) { return e->indices + 3 * e->config.max_batch; }
 static int32_t *flush_row_buffer(const gdn_engine *e) { return e->indices + 3 * e->config.max_batch + 1; }
-static int replay(const gdn_engine *e) { return e->config.verify_strategy == GDN_VERIFY_REPLAY; }
+static int fold(const gdn_engine *e) { return e->config.verify_strategy == GDN_VERIFY_FOLD; }
 static int ring(const gdn_engine *e) { return e->config.verify_strategy == GDN_VERIFY_RING; }
-/* Replay and ring keep per-slot counts of tokens that are not in the pool yet. */
-static int keeps_tokens(const gdn_engine *e) { return replay(e) || ring(e); }
+/* Fold and ring keep per-slot counts of tokens that are not in the pool yet. */
+static int keeps_tokens(const gdn_engine *e) { return fold(e) || ring(e); }
 /* Work was enqueued on `stream`: the synchronous calls order themselves after it. */
 static gdn_status enqueued_on(gdn_engine *e, void *stream, gdn_status status)
 {
@@ -90,7 +90,7 @@ static gdn_status enqueued_on(gdn_engine *e, void *stream, gdn_status status)
     return status;
 }
 
-/* Replay, ring: the slot's count of pending tokens or records in `layer`. */
+/* Fold, ring: the slot's count of pending tokens or records in `layer`. */
 static int32_t *slot_count(const gdn_engine *e, int32_t slot, int32_t layer)
 {
     return gdn__op_slot_count(&e->stack, slot) + layer * gdn__op_counts_layer_stride(&e->stack);
@@ -219,7 +219,7 @@ static gdn_status allocate_everything(gdn_engine *e)
     e->stack.num_layers = L;
     e->stack.pool_layer_stride = layer_stride;
     e->stack.workspace_layer_bytes = e->stack.layout.bytes;
-    uint64_t *counter = replay(e) ? &e->memory.token_store : ring(e) ? &e->memory.ring : &e->memory.verify_cache;
+    uint64_t *counter = fold(e) ? &e->memory.token_store : ring(e) ? &e->memory.ring : &e->memory.verify_cache;
     status = backend_alloc(e, (size_t)e->stack.workspace_layer_bytes * (size_t)L, &e->workspaces, counter);
     if (status != GDN_OK) return status;
     e->stack.op.workspace = e->workspaces;
@@ -286,8 +286,8 @@ gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
     gdn_engine *e = gdn__calloc(1, sizeof *e);
     if (!e) return GDN_ENOMEM;
     e->config = resolved;
-    /* Staging: a step's read and write rows, and (replay, ring) up to every slot as a count clear. */
-    const int clears = resolved.verify_strategy == GDN_VERIFY_REPLAY || resolved.verify_strategy == GDN_VERIFY_RING;
+    /* Staging: a step's read and write rows, and (fold, ring) up to every slot as a count clear. */
+    const int clears = resolved.verify_strategy == GDN_VERIFY_FOLD || resolved.verify_strategy == GDN_VERIFY_RING;
     const size_t staged_values = 2 * (size_t)resolved.max_batch + (clears ? (size_t)resolved.num_slots : 0);
     status = create_backend(&resolved, staged_values * sizeof(int32_t), &e->backend);
     if (status == GDN_OK) status = allocate_everything(e);
@@ -392,7 +392,7 @@ static void *slot_state(const gdn_engine *e, int32_t layer, int32_t slot)
     return (char *)e->state + (size_t)offset * gdn_dtype_size(e->config.state_dtype);
 }
 
-/* Replay: the slot's state in layers [first, end) is now exactly what the pool holds (nothing
+/* Fold: the slot's state in layers [first, end) is now exactly what the pool holds (nothing
  * pending). */
 static gdn_status clear_pending_layers(gdn_engine *e, int32_t slot, int32_t first, int32_t end, void *stream)
 {
@@ -435,7 +435,7 @@ static gdn_status end_synchronous(gdn_engine *e, void *stream, gdn_status status
     return status == GDN_OK ? e->backend.iface->synchronize(e->backend.ctx, stream) : status;
 }
 
-/* Replay, ring: writes the slot's pending tokens or records of one layer into that layer's state (a
+/* Fold, ring: writes the slot's pending tokens or records of one layer into that layer's state (a
  * zero-token step of the one slot), enqueued on `stream`. Layers keep their own pending counts, so
  * the others stay as they are. */
 static gdn_status flush_slot_layer(gdn_engine *e, int32_t slot, int32_t layer, void *stream)
@@ -460,7 +460,7 @@ gdn_status gdn_slot_reset(gdn_engine *e, int32_t slot, void *stream)
     gdn_status status = gdn__slots_check_live(&e->slots, slot);
     if (status != GDN_OK) return status;
     /* A reset between begin and a layer would change the state that layer reads; between a verify
-     * and its commit it would be lost (cache) or mixed with the accepted tokens (replay, ring). */
+     * and its commit it would be lost (cache) or mixed with the accepted tokens (fold, ring). */
     if (step_needs_slot(e, slot)) return GDN_ESLOT_BUSY;
     if (caller_capturing(e, stream)) return GDN_EMISUSE;
     for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++)
@@ -492,7 +492,7 @@ gdn_status gdn_slot_read_state(gdn_engine *e, int32_t layer, int32_t slot, void 
     void *stream = NULL;
     if (status == GDN_OK) status = begin_synchronous(e, &stream);
     if (status != GDN_OK) return status;
-    status = flush_slot_layer(e, slot, layer, stream); /* replay, ring: the pool lags by the pending work */
+    status = flush_slot_layer(e, slot, layer, stream); /* fold, ring: the pool lags by the pending work */
     if (status == GDN_OK)
         status = e->backend.iface->download(e->backend.ctx, host_dst, slot_state(e, layer, slot), slot_state_bytes(e), stream);
     return end_synchronous(e, stream, status);
@@ -505,7 +505,7 @@ gdn_status gdn_slot_write_state(gdn_engine *e, int32_t layer, int32_t slot, cons
     void *stream = NULL;
     if (status == GDN_OK) status = begin_synchronous(e, &stream);
     if (status != GDN_OK) return status;
-    /* Replay, ring: the written state replaces the layer's pending work too (nothing to fold). */
+    /* Fold, ring: the written state replaces the layer's pending work too (nothing to fold). */
     status = clear_pending_layers(e, slot, layer, layer + 1, stream);
     if (status == GDN_OK)
         status = e->backend.iface->upload(e->backend.ctx, slot_state(e, layer, slot), host_src, slot_state_bytes(e), stream);
@@ -664,7 +664,7 @@ static gdn__commit_params commit_params(const gdn_engine *e, int32_t tokens, int
     return gdn__op_commit_params(&s, accepted_buffer(e));
 }
 
-/* Enqueues (or records) the step's first work: the staged rows to the device and, under replay,
+/* Enqueues (or records) the step's first work: the staged rows to the device and, under fold,
  * the staged clears of freed slots' pending counts in every layer. */
 static gdn_status fetch_staged_rows(gdn_engine *e, void *stream)
 {

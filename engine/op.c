@@ -20,7 +20,7 @@ static int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 gdn_status gdn__op_check_description(const gdn_op_layer *op)
 {
     if (op->backend != GDN_BACKEND_CPU && op->backend != GDN_BACKEND_CUDA) return GDN_EINVAL;
-    if (op->strategy != GDN_VERIFY_CACHE && op->strategy != GDN_VERIFY_REPLAY && op->strategy != GDN_VERIFY_RING)
+    if (op->strategy != GDN_VERIFY_CACHE && op->strategy != GDN_VERIFY_FOLD && op->strategy != GDN_VERIFY_RING)
         return GDN_EINVAL;
     if (op->pool.num_slots < 1 || op->pool.num_slots > INT32_MAX) return GDN_ECONFIG_SLOTS;
     gdn_engine_config c;
@@ -55,7 +55,7 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
         l.cache_row_stride = (int64_t)op->max_tokens * HV * V * K;
         at = align256(at + op->max_batch * l.cache_row_stride * (int64_t)gdn_dtype_size(op->pool.dtype));
     } else {
-        if (op->strategy == GDN_VERIFY_REPLAY) {
+        if (op->strategy == GDN_VERIFY_FOLD) {
             l.token_store = at;
             l.side_bytes = op->max_tokens * gdn__token_elems(HK, HV, K, V) * in_size;
         } else {
@@ -131,18 +131,18 @@ static gdn__layer_params base_params(const gdn_op_layer *op, const gdn__op_layou
     };
     if (op->strategy == GDN_VERIFY_CACHE) {
         if (verify) p.cache = ws + layout->cache, p.cache_row_stride = layout->cache_row_stride;
-    } else if (op->strategy == GDN_VERIFY_REPLAY) {
+    } else if (op->strategy == GDN_VERIFY_FOLD) {
         p.token_store = ws + layout->token_store;
         p.store_tokens = op->max_tokens;
         p.pending = (int32_t *)(ws + layout->counts);
-        p.replay_verify = verify;
+        p.deferred_verify = verify;
         p.arrivals = (uint32_t *)(ws + layout->arrivals);
     } else {
         p.ring = ws + layout->ring;
         p.ring_capacity = layout->ring_capacity;
         p.ring_length = layout->ring_length;
         p.ring_count = (int32_t *)(ws + layout->counts);
-        p.replay_verify = verify;
+        p.deferred_verify = verify;
         p.arrivals = (uint32_t *)(ws + layout->arrivals);
     }
     return p;
@@ -202,7 +202,7 @@ gdn__commit_params gdn__op_commit_params(const gdn__op_stack *s, const int32_t *
         c.cache = ws + s->layout.cache;
         c.cache_layer_stride = s->workspace_layer_bytes / state_size;
         c.cache_row_stride = s->layout.cache_row_stride;
-    } else if (op->strategy == GDN_VERIFY_REPLAY) {
+    } else if (op->strategy == GDN_VERIFY_FOLD) {
         c.pending = (int32_t *)(ws + s->layout.counts);
     } else {
         c.ring_count = (int32_t *)(ws + s->layout.counts);
@@ -223,7 +223,7 @@ static int64_t pool_layer_bytes(const gdn__op_stack *s)
 /* The slot's stored tokens or ring records in layer 0. */
 static char *side_of(const gdn__op_stack *s, int32_t slot)
 {
-    const int64_t at = s->op.strategy == GDN_VERIFY_REPLAY ? s->layout.token_store : s->layout.ring;
+    const int64_t at = s->op.strategy == GDN_VERIFY_FOLD ? s->layout.token_store : s->layout.ring;
     return (char *)s->op.workspace + at + (size_t)(slot * s->layout.side_bytes);
 }
 

@@ -15,14 +15,14 @@
 typedef struct gdn__op_layout {
     int64_t cache;            /* CACHE: [max_batch][max_tokens][HV V K] in the pool's dtype */
     int64_t cache_row_stride; /* elements */
-    int64_t token_store;      /* REPLAY: [num_slots][max_tokens][token elems] in input_dtype */
+    int64_t token_store;      /* FOLD: [num_slots][max_tokens][token elems] in input_dtype */
     int64_t ring;             /* RING: [num_slots][capacity] records */
     int32_t ring_capacity;
     int32_t ring_length;
-    int64_t counts;           /* REPLAY pending / RING record counts: int32 [num_slots] */
-    int64_t arrivals;         /* REPLAY, RING: uint32 [max_batch], zero between steps */
-    int64_t flush_row;        /* REPLAY, RING: int32, the row of a single-slot write-back */
-    int64_t side_bytes;       /* REPLAY, RING: one slot's stored tokens or records */
+    int64_t counts;           /* FOLD pending / RING record counts: int32 [num_slots] */
+    int64_t arrivals;         /* FOLD, RING: uint32 [max_batch], zero between steps */
+    int64_t flush_row;        /* FOLD, RING: int32, the row of a single-slot write-back */
+    int64_t side_bytes;       /* FOLD, RING: one slot's stored tokens or records */
     int64_t scratch;          /* CPU ops: the reference's scratch (0 bytes when left out) */
     int64_t bytes;
 } gdn__op_layout;
@@ -51,7 +51,7 @@ gdn_op_layer gdn__op_stack_layer(const gdn__op_stack *s, int32_t l);
 gdn__layer_params gdn__op_step_params(const gdn_op_layer *op, const gdn__op_layout *layout);
 
 /* A zero-token step of `count` rows read from `rows`: their pending tokens or records written into
- * their states in place (replay, ring). */
+ * their states in place (fold, ring). */
 gdn__layer_params gdn__op_write_back_params(const gdn_op_layer *op, const gdn__op_layout *layout,
                                             const int32_t *rows, int32_t count);
 
@@ -59,7 +59,7 @@ gdn__layer_params gdn__op_write_back_params(const gdn_op_layer *op, const gdn__o
  * slots), every layer of the stack. */
 gdn__commit_params gdn__op_commit_params(const gdn__op_stack *s, const int32_t *accepted);
 
-/* Replay, ring: the slot's pending count in layer 0, and the int32 elements between layers. */
+/* Fold, ring: the slot's pending count in layer 0, and the int32 elements between layers. */
 int32_t *gdn__op_slot_count(const gdn__op_stack *s, int32_t slot);
 int64_t gdn__op_counts_layer_stride(const gdn__op_stack *s);
 int gdn__op_keeps_work(const gdn_op_layer *op);

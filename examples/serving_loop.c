@@ -20,7 +20,7 @@
  *
  *   gdn-serving-loop [--preset tiny|qwen3-next|qwen3.5] [--layers N] [--steps N] [--seed N]
  *                    [--state f32|bf16] [--output bf16|f32] [--backend auto|cpu|cuda]
- *                    [--max-batch N] [--max-tokens N] [--slots N] [--verify auto|cache|replay|ring]
+ *                    [--max-batch N] [--max-tokens N] [--slots N] [--verify auto|cache|fold|ring]
  *                    [--verbose]
  * Exit status: 0 when every check passed, 1 otherwise, 2 on a bad argument.
  */
@@ -100,7 +100,7 @@ static int parse(int argc, char **argv, options *o)
             o->backend = !strcmp(v, "cpu") ? GDN_BACKEND_CPU : !strcmp(v, "cuda") ? GDN_BACKEND_CUDA : GDN_BACKEND_AUTO;
         else if (!strcmp(a, "--verify"))
             o->verify = !strcmp(v, "cache")    ? GDN_VERIFY_CACHE
-                        : !strcmp(v, "replay") ? GDN_VERIFY_REPLAY
+                        : !strcmp(v, "fold") ? GDN_VERIFY_FOLD
                         : !strcmp(v, "ring")   ? GDN_VERIFY_RING
                                                : GDN_VERIFY_AUTO;
         else return 0;
@@ -126,7 +126,7 @@ int main(int argc, char **argv)
     CHECK(gdn_engine_create(&config, &engine));
     const gdn_engine_config *c = gdn_engine_get_config(engine);
     const int L = o.layers, HK = model.num_k_heads, HV = model.num_v_heads, K = model.head_dim_k, V = model.head_dim_v;
-    const char *strategies[] = {"cache", "replay", "auto", "ring"};
+    const char *strategies[] = {"cache", "fold", "auto", "ring"};
     printf("gdn-serving-loop: %s backend, %s x %d layers, %s state, %s verify, %d slots, batches up to %d, T up to %d\n",
            gdn_engine_backend(engine) == GDN_BACKEND_CUDA ? "CUDA (GPU)" : "CPU (float64 reference, no GPU used)",
            o.preset, L, o.state == GDN_DTYPE_F32 ? "fp32" : "bf16", strategies[c->verify_strategy], o.slots,

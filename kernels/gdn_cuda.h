@@ -27,7 +27,7 @@ gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream);
 gdn_status gdn__cuda_slot_copy(const gdn__slot_copy_params *p, void *stream);
 
 /* The step-row mailbox (kernels/gdn_cuda_fetch.cu): copies the row values of ring entry
- * (*device_seq % ring_entries) into dst and, when pending is not NULL (replay strategy), zeroes
+ * (*device_seq % ring_entries) into dst and, when pending is not NULL (fold strategy), zeroes
  * pending[l * counts_layer_stride + s] for every layer l and every slot s the entry lists as a clear; then
  * advances *device_seq and publishes it to *host_done. */
 typedef struct gdn__fetch_params {
@@ -37,7 +37,7 @@ typedef struct gdn__fetch_params {
     long long *device_seq;  /* device memory: entries consumed so far */
     long long *host_done;   /* mapped pinned host memory: the same count, for the host */
     int32_t *dst;           /* device memory, >= entry_stride - 1 values */
-    int32_t *pending;       /* replay, ring: layer 0's device counts; NULL: no clears */
+    int32_t *pending;       /* fold, ring: layer 0's device counts; NULL: no clears */
     int32_t num_layers;
     long long counts_layer_stride; /* int32 elements between layers' counts */
 } gdn__fetch_params;

@@ -9,7 +9,7 @@
  * nothing (padding, n == 0, a slot out of range) exit after reading three integers. When a pointer or
  * stride is not 16-byte aligned the same kernel runs with 4-byte (fp32) or 2-byte (bf16) elements.
  *
- * Replay strategy (p->pending != NULL): no copy, only
+ * Fold strategy (p->pending != NULL): no copy, only
  * pending_l[w] = n for every layer (one thread per (row, layer)); the next kernel that touches the
  * slot folds the tokens. Ring strategy (p->ring_count != NULL): ring_count_l[w] += n for every layer
  * (the verify left the count at its records' base).
@@ -96,7 +96,7 @@ extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream
     if (p->B < 0 || p->B > 65535 || p->num_layers < 0 || p->num_layers > 65535) return GDN_ENOTSUP;
     if (p->T < 1 || p->T > GDN_MAX_TOKENS || p->HV < 1 || p->K < 1 || p->V < 1) return GDN_EINVAL;
     if (p->B == 0 || p->num_layers == 0) return GDN_OK;
-    if (p->pending || p->ring_count) { /* replay, ring: counts only */
+    if (p->pending || p->ring_count) { /* fold, ring: counts only */
         if (!p->read_slots || !p->accepted) return GDN_EINVAL;
         commit_pending_kernel<<<(unsigned)p->B, 128, 0, static_cast<cudaStream_t>(stream)>>>(*p);
         GDN__CUDA_TRY(gdn__cuda_launch_error());

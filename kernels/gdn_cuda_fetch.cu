@@ -1,7 +1,7 @@
 // Slot-row mailbox fetch: the first kernel of every CUDA step (inside its graph, or launched before a
 // direct step). The host writes each step's padded read and write slots into the next entry of a
 // ring in mapped pinned host memory (no CUDA call); this kernel copies the entry the device is due
-// to consume into the engine's device row buffer, applies the entry's pending-count clears (replay
+// to consume into the engine's device row buffer, applies the entry's pending-count clears (fold
 // strategy), advances the device's sequence number and publishes it to the host, which reuses an
 // entry only after the GPU has consumed it. A replayed graph thus needs no host-to-device copy and
 // no event of its own: its only host cost is the launch.

@@ -17,13 +17,13 @@
  *     and the new row g * S_old + u * k^ is formed in registers and stored.
  *   - Cache strategy (decode, verify): gates, norms of q and k and k^.q^ are recomputed by every lane
  *     group (a few hundred bytes from L2 or L1; cheaper than a shared-memory round trip and a barrier).
- *   - Replay strategy: a row first folds up to max_tokens stored tokens, so the step is no longer
+ *   - Fold strategy: a row first folds up to max_tokens stored tokens, so the step is no longer
  *     purely memory-bound (profiled: instruction issue and latency). Its CTAs prepare each token once
  *     (k^, q^, v of the CTA's rows, g, beta, k^.q^) in shared memory, one warp a token, from raw
  *     inputs all copied in one round trip (cp.async, issued before the state loads; a per-CTA trace
  *     showed the first data of a CTA arriving ~10 us after its start under the full memory load,
  *     so each extra dependent read costs that much), and a thread holds 16 elements of a row, so
- *     that a row's dot products take log2(K / 16) shuffle levels instead of log2(32). A replay CTA runs up to four row sets of the head one after the other,
+ *     that a row's dot products take log2(K / 16) shuffle levels instead of log2(32). A fold CTA runs up to four row sets of the head one after the other,
  *     the next set's state streaming into shared memory (cp.async) during the current set's token
  *     loop, so the transfers overlap the compute within a CTA and the tokens are prepared once for
  *     all sets. (The chunked form on tensor cores was measured slower: its per-CTA preparation is a
@@ -32,13 +32,13 @@
  * Launch geometry: blockIdx.y = batch row i, blockIdx.x = value head h * tiles_per_head + row tile.
  * A CTA has `warps` warps (1, 2 or 4, chosen at launch so that small batches still spread over the
  * SMs: at B = 1 a 32-head layer runs as hundreds of one-warp CTAs); a warp covers ROWS_PER_WARP
- * consecutive state rows of one head, per row set (one set, except replay). Padding rows exit before
+ * consecutive state rows of one head, per row set (one set, except fold). Padding rows exit before
  * touching the state.
  *
  * Template parameters: K (64, 128, 256), state storage S (float, bf16), input storage I (bf16, fp16),
- * output storage O (bf16, float), REGS (state values a thread holds), ONE_TOKEN, REPLAY (the replay
+ * output storage O (bf16, float), REGS (state values a thread holds), ONE_TOKEN, FOLD (the fold
  * verify strategy: the slot's pending tokens are folded first, without outputs). V, T, HK, HV and the
- * cache flag are runtime values. With REPLAY false every replay branch is a compile-time constant.
+ * cache flag are runtime values. With FOLD false every fold branch is a compile-time constant.
  */
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
@@ -48,15 +48,15 @@
 /* Geometry derived from the template parameters                                                    */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* The largest V: the most rows whose v a replay CTA prepares. */
+/* The largest V: the most rows whose v a fold CTA prepares. */
 #define GDN__MAX_HEAD_DIM 256
 
 /* Minimum resident 128-thread CTAs per SM (__launch_bounds__), i.e. the register cap, measured on
  * H200 (bench/results/2026-11-21-h200-kernels.md): 64 values per thread: 4 (128 registers); fp32
  * decode of the cache strategy: uncapped; otherwise 6 (80 registers). */
-template <typename S, bool ONE_TOKEN, int REGS, bool REPLAY> constexpr int min_blocks()
+template <typename S, bool ONE_TOKEN, int REGS, bool FOLD> constexpr int min_blocks()
 {
-    return REGS >= 64 ? 4 : ONE_TOKEN && !REPLAY && sizeof(S) == 4 && REGS >= 32 ? 1 : 6;
+    return REGS >= 64 ? 4 : ONE_TOKEN && !FOLD && sizeof(S) == 4 && REGS >= 32 ? 1 : 6;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -65,12 +65,12 @@ template <typename S, bool ONE_TOKEN, int REGS, bool REPLAY> constexpr int min_b
 
 /* Computed once per CTA before the token loop, in fp32 shared memory: normalised k^ (every token) and
  * q^ (own tokens), v of the CTA's rows, the decay g, beta and k^.q^. Tokens 0..store_tokens-1 are the
- * read slot's stored tokens (replay), then the step's own T tokens. Sized for capacity tokens. */
+ * read slot's stored tokens (fold), then the step's own T tokens. Sized for capacity tokens. */
 struct shared_tokens {
     float *khat, *qhat, *v, *gate, *beta, *kq;
 
-    /* Tokens a CTA prepares at most: the replay fold's (up to store_tokens) and the step's T. */
-    static __host__ __device__ int capacity(bool replay, int store_tokens, int T) { return (replay ? store_tokens : 0) + T; }
+    /* Tokens a CTA prepares at most: the fold fold's (up to store_tokens) and the step's T. */
+    static __host__ __device__ int capacity(bool fold, int store_tokens, int T) { return (fold ? store_tokens : 0) + T; }
     static __host__ __device__ size_t floats(int K, int tile_rows, int capacity, int T)
     {
         return (size_t)capacity * (K + tile_rows + 2) + (size_t)T * (K + 1);
@@ -223,13 +223,13 @@ template <typename Geo> struct token_values {
 /* Kernel template                                                                                  */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Decay outside the rows (DECAY_OUTSIDE: replay with bf16 state, whose token loops are the longest
+/* Decay outside the rows (DECAY_OUTSIDE: fold with bf16 state, whose token loops are the longest
  * per byte): the thread's rows hold the state divided by `decay`, the product of the gates applied
  * since the rows were loaded (the same for the whole CTA), so a token updates an element with one
  * FMA, S/G += (u/G) k^, instead of a multiply and an FMA. The decay is folded into the rows before it
  * drops below this bound (u/G stays small and finite whatever the gates) and at every store.
  * Measured on the H100 (bench/results/2026-11-22-h100-strategies.md): bf16 replay verify 3-7%
- * faster; fp32 replay no faster (at 80 registers it spills), so fp32 keeps the plain update. */
+ * faster; fp32 fold no faster (at 80 registers it spills), so fp32 keeps the plain update. */
 #define GDN__DECAY_FOLD_BELOW 0.00390625f /* 2^-8 */
 
 /* One token applied to the thread's rows: dk = S.k^ (and dq = S.q^ when OUTPUT) over each row, one
@@ -290,7 +290,7 @@ __device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::E
     if constexpr (DECAY_OUTSIDE) decay = G;
 }
 
-/* Replay verify, by the row's last CTA (every fold from the read slot's tokens is done): copies k
+/* Fold verify, by the row's last CTA (every fold from the read slot's tokens is done): copies k
  * [HK, K], a [HV] and b [HV] of row i's T tokens into slot w's stored tokens, with all its threads.
  * It runs at the end of the row's last CTA, on the critical path of small grids (B = 1: one 32-thread
  * CTA copies T x 4 KB), so every thread issues a batch of independent loads before its stores: one
@@ -350,17 +350,17 @@ __device__ __forceinline__ void store_shared_inputs(const gdn__layer_params &p, 
     }
 }
 
-/* Token staging: replay folds up to max_tokens stored tokens per row before its own, so its CTAs
+/* Token staging: fold folds up to max_tokens stored tokens per row before its own, so its CTAs
  * prepare every token once in shared memory and use short row reductions (SHARED); the cache
  * strategy's decode and verify are faster with each lane group preparing its own token (measured on
  * the H100, bench/results/2026-11-22-h100-kernels.md). */
-template <bool REPLAY> constexpr bool shared_staging() { return REPLAY; }
+template <bool FOLD> constexpr bool shared_staging() { return FOLD; }
 
-/* Row sets per CTA, at most. Replay: up to four, run one after the other; the next set's state is
+/* Row sets per CTA, at most. Fold: up to four, run one after the other; the next set's state is
  * copied into shared memory while the current set's token loop runs (long enough to hide it), and
  * the tokens are prepared once for all of them. The cache strategy's loop is short: one set, state in
  * registers only. */
-template <bool REPLAY> constexpr int row_sets() { return REPLAY ? 4 : 1; }
+template <bool FOLD> constexpr int row_sets() { return FOLD ? 4 : 1; }
 
 /* Shared memory (in floats) holding one set's state for `threads` threads, while it is in flight. */
 template <typename Geo, int SETS> __host__ __device__ constexpr size_t staged_floats(int threads)
@@ -368,12 +368,12 @@ template <typename Geo, int SETS> __host__ __device__ constexpr size_t staged_fl
     return SETS > 1 ? (size_t)Geo::RT * Geo::NV * 4 * threads : 0;
 }
 
-template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool REPLAY>
-__global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>())) layer_step_kernel(const gdn__layer_params p)
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD>
+__global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD>())) layer_step_kernel(const gdn__layer_params p)
 {
-    constexpr bool SHARED = shared_staging<REPLAY>();
-    constexpr int SETS = row_sets<REPLAY>();
-    constexpr bool DECAY_OUTSIDE = REPLAY && sizeof(S) == 2;
+    constexpr bool SHARED = shared_staging<FOLD>();
+    constexpr int SETS = row_sets<FOLD>();
+    constexpr bool DECAY_OUTSIDE = FOLD && sizeof(S) == 2;
     using Geo = layer_geometry<K, S, REGS, SHARED>;
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT;
     extern __shared__ __align__(16) float smem[];
@@ -415,19 +415,19 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
 
     const int kh = h / (HV / HK);
     const float A = expf(p.A_log[h]), dt_bias = p.dt_bias[h];
-    /* Replay: prepared tokens 0..store_tokens-1 are slot r's stored tokens (the first pending[r] of
+    /* Fold: prepared tokens 0..store_tokens-1 are slot r's stored tokens (the first pending[r] of
      * them, its accepted tokens of its last verify, are folded), own token t is prepared token
      * own0 + t. All stored tokens are staged, whatever pending[r] is, so that no read waits for
      * another: read_slots[i], then the tokens, pending[r] and the state all in flight together. */
-    const int own0 = REPLAY ? p.store_tokens : 0;
+    const int own0 = FOLD ? p.store_tokens : 0;
     const int tokens = own0 + T;
     shared_tokens s(smem + staged_floats<Geo, SETS>(blockDim.x), K, cta_rows,
-                    shared_tokens::capacity(REPLAY, p.store_tokens, T), T);
+                    shared_tokens::capacity(FOLD, p.store_tokens, T), T);
     const int64_t token_elems = gdn__token_elems(HK, HV, K, V);
     float a_raw = 0.0f, b_raw = 0.0f; /* token threadIdx.x's gate inputs */
     if constexpr (SHARED) {
         for (int j = warp; j < tokens; j += warps) {
-            if (REPLAY && j < own0) {
+            if (FOLD && j < own0) {
                 const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
                 stage_token<K, I, false>(s, j, 0, tb + (int64_t)kh * K, nullptr, tb + (int64_t)HK * K + (int64_t)h * V + tile_row0,
                                          cta_rows, lane);
@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
         if ((int)threadIdx.x < tokens) {
             const int j = threadIdx.x;
             const I *ap, *bp;
-            if (REPLAY && j < own0) {
+            if (FOLD && j < own0) {
                 ap = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems + (int64_t)HK * K +
                      (int64_t)HV * V + h;
                 bp = ap + HV;
@@ -476,26 +476,26 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
     };
     if (SETS > 1 && sets > 1) stage_set(1, 0);
 
-    const int folds = REPLAY ? min(p.pending[r], p.store_tokens) : 0;
+    const int folds = FOLD ? min(p.pending[r], p.store_tokens) : 0;
     if constexpr (SHARED) {
         if ((int)threadIdx.x < tokens) token_gate(a_raw, b_raw, A, dt_bias, s.gate[threadIdx.x], s.beta[threadIdx.x]);
         if (SETS > 1 && sets > 1) gdn__copy_async_wait_group<1>(); /* the tokens; the next set's state may go on */
         else gdn__copy_async_wait_all();
         __syncwarp();
         for (int j = warp; j < tokens; j += warps) {
-            if (!REPLAY || j >= own0) prepare_token<K, I, true>(p, s, j, j - own0, cta_rows, lane);
+            if (!FOLD || j >= own0) prepare_token<K, I, true>(p, s, j, j - own0, cta_rows, lane);
             else if (j < folds) prepare_token<K, I, false>(p, s, j, 0, cta_rows, lane); /* (the rest: staged, unused) */
         }
         __syncthreads();
     }
 
-    /* Replay: the CTA has read pending[r] and its share of slot r's stored tokens (before the barrier
+    /* Fold: the CTA has read pending[r] and its share of slot r's stored tokens (before the barrier
      * above). It counts itself in now and learns at its end whether it was the row's last, so the
      * atomic's round trip overlaps the token loop; that last CTA then does the row's bookkeeping. */
     unsigned arrival = 0;
-    if (REPLAY && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
+    if (FOLD && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
 
-    if (REPLAY && p.replay_verify) {
+    if (FOLD && p.deferred_verify) {
         /* Verify: this CTA's rows of v of the own tokens become slot w's stored v, from the prepared
          * copy (exact: v converted from I and back; the preparation above read slot r's rows before
          * the barrier, and no other CTA reads these rows). */
@@ -525,13 +525,13 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
             if (set + 1 < sets) stage_set(set + 1, gdn__zero_after(read));
         }
         float o[RT], decay = 1.0f;
-        if constexpr (REPLAY) {
+        if constexpr (FOLD) {
             for (int j = 0; j < folds; j++) {
                 token_values<Geo> tv;
                 tv.template load_shared<false>(s, j, 0, K, cta_rows, set_local_row0, glane);
                 apply_token<Geo, false, DECAY_OUTSIDE>(st, decay, tv, o);
             }
-            if (p.replay_verify) /* the pool gets the folded state; the own tokens stay pending */
+            if (p.deferred_verify) /* the pool gets the folded state; the own tokens stay pending */
                 store_rows<K, S, Geo, DECAY_OUTSIDE>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems,
                                                      st, decay, set_row0, glane);
         }
@@ -552,17 +552,17 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
                     cache + i * p.cache_row_stride + t * cache_token_stride + h * state_elems, st, decay, set_row0, glane);
         }
 
-        if (!cache && !(REPLAY && p.replay_verify))
+        if (!cache && !(FOLD && p.deferred_verify))
             store_rows<K, S, Geo, DECAY_OUTSIDE>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st,
                                                  decay, set_row0, glane);
     }
 
-    if constexpr (REPLAY) { /* every CTA of the row has read slot r's tokens: slot w's may change */
+    if constexpr (FOLD) { /* every CTA of the row has read slot r's tokens: slot w's may change */
         __shared__ int last_cta;
         if (threadIdx.x == 0) last_cta = arrival == gridDim.x - 1;
         __syncthreads();
         if (last_cta) {
-            if (p.replay_verify) store_shared_inputs<K, I>(p, i, w, T);
+            if (p.deferred_verify) store_shared_inputs<K, I>(p, i, w, T);
             if (threadIdx.x == 0) {
                 p.pending[w] = 0;
                 p.arrivals[i] = 0;
@@ -578,30 +578,30 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, REPLAY>()
 /* CTAs below which a launch uses fewer warps per CTA (more, smaller CTAs) to reach more SMs. */
 #define GDN__SMALL_GRID_CTAS 1024
 
-template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool REPLAY>
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
-    using Geo = layer_geometry<K, S, REGS, shared_staging<REPLAY>()>;
-    constexpr int SETS = row_sets<REPLAY>();
+    using Geo = layer_geometry<K, S, REGS, shared_staging<FOLD>()>;
+    constexpr int SETS = row_sets<FOLD>();
     const auto ctas = [&](int warps, int sets) { return (int64_t)p->B * p->HV * (p->V / (sets * warps * Geo::ROWS_PER_WARP)); };
     int warps = 4, sets = SETS; /* fewer sets, then fewer warps, until small grids reach every SM */
     while (sets > 1 && (p->V % (sets * warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
         sets /= 2;
-    /* Replay keeps more warps per CTA on small grids: its CTA prepares every token (one warp a
+    /* Fold keeps more warps per CTA on small grids: its CTA prepares every token (one warp a
      * token) and does the row's bookkeeping, fixed costs that one-warp CTAs run serially (B = 1,
      * qwen3-next, T = 4: 1024 one-warp CTAs, each a ~9 us chain of ~3200 instructions). */
-    const int64_t min_ctas = REPLAY ? GDN__SMALL_GRID_CTAS / 4 : GDN__SMALL_GRID_CTAS;
+    const int64_t min_ctas = FOLD ? GDN__SMALL_GRID_CTAS / 4 : GDN__SMALL_GRID_CTAS;
     while (warps > 1 && (p->V % (warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < min_ctas))
         warps /= 2;
     const int cta_rows = sets * warps * Geo::ROWS_PER_WARP;
     const int tiles_per_head = p->V / cta_rows;
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
     const int T = ONE_TOKEN ? 1 : p->T;
-    const size_t smem = shared_staging<REPLAY>() ? sizeof(float) * (staged_floats<Geo, SETS>(warps * 32) +
+    const size_t smem = shared_staging<FOLD>() ? sizeof(float) * (staged_floats<Geo, SETS>(warps * 32) +
                                                                     shared_tokens::floats(K, cta_rows,
-                                                                                          shared_tokens::capacity(REPLAY, p->store_tokens, T), T))
+                                                                                          shared_tokens::capacity(FOLD, p->store_tokens, T), T))
                                                  : 0;
-    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, REPLAY>;
+    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD>;
     if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per device and instance, up to the largest case */
         constexpr int most_tokens = GDN_MAX_TOKENS;
         static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
@@ -619,25 +619,25 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 
 /* Large grids: more state per thread (more bytes in flight per SM); small grids: less state per
  * thread, so that the work spreads over more warps and SMs. */
-template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool REPLAY>
+template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool FOLD>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
     constexpr int BIG = big_regs<S>();
-    using Big = layer_geometry<K, S, BIG, shared_staging<REPLAY>()>;
-    using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, shared_staging<REPLAY>()>;
+    using Big = layer_geometry<K, S, BIG, shared_staging<FOLD>()>;
+    using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, shared_staging<FOLD>()>;
     const int64_t big_warps = (int64_t)p->B * p->HV * (p->V / Big::ROWS_PER_WARP);
     const int64_t small_warps = (int64_t)p->B * p->HV * (p->V / Small::ROWS_PER_WARP);
-    if (big_warps >= 4 * GDN__SMALL_GRID_CTAS) return launch_regs<K, S, I, O, BIG, ONE_TOKEN, REPLAY>(p, stream);
+    if (big_warps >= 4 * GDN__SMALL_GRID_CTAS) return launch_regs<K, S, I, O, BIG, ONE_TOKEN, FOLD>(p, stream);
     /* The smallest decode grids (e.g. B = 1 of a 32-head layer): fewer rows per warp, shorter chains. */
     if (ONE_TOKEN && small_warps < 2 * GDN__SMALL_GRID_CTAS)
-        return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, REPLAY>(p, stream);
-    return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, REPLAY>(p, stream);
+        return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, FOLD>(p, stream);
+    return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD>(p, stream);
 }
 
 template <int K, typename S, typename I, typename O>
 static gdn_status launch(const gdn__layer_params *p, cudaStream_t stream)
 {
-    if (p->token_store) /* replay; T = 0 is a flush (fold only) */
+    if (p->token_store) /* fold; T = 0 is a flush (fold only) */
         return p->T == 1 ? launch_tokens<K, S, I, O, true, true>(p, stream) : launch_tokens<K, S, I, O, false, true>(p, stream);
     return p->T == 1 ? launch_tokens<K, S, I, O, true, false>(p, stream) : launch_tokens<K, S, I, O, false, false>(p, stream);
 }

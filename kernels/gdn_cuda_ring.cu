@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     }
 
     const int h = min(max(p.ring_count[r], 0), C);
-    const bool verify = p.replay_verify && T > 0;
+    const bool verify = p.deferred_verify && T > 0;
     bool flush, keep;
     if (T == 0) flush = h > 0, keep = false;
     else if (!verify) flush = r != w || h + 1 >= p.ring_length, keep = !flush;
@@ -480,7 +480,7 @@ template <int K, typename S, typename I, typename O>
 static gdn_status launch(const gdn__layer_params *p, cudaStream_t stream)
 {
     /* A decode and a write-back (T = 0) run the one-token instance. */
-    return p->T <= 1 && !(p->replay_verify && p->T == 1) ? launch_tokens<K, S, I, O, true>(p, stream)
+    return p->T <= 1 && !(p->deferred_verify && p->T == 1) ? launch_tokens<K, S, I, O, true>(p, stream)
                                                           : launch_tokens<K, S, I, O, false>(p, stream);
 }
 

@@ -1,5 +1,5 @@
 /*
- * What the CUDA layer kernels share (gdn_cuda_layer.cu: cache and replay strategies; gdn_cuda_ring.cu:
+ * What the CUDA layer kernels share (gdn_cuda_layer.cu: cache and fold strategies; gdn_cuda_ring.cu:
  * the ring strategy): how a head's state rows are split over threads, lane-group sums, the per-token
  * gates of SPEC 1, and the store of a thread's rows.
  */
@@ -22,7 +22,7 @@
 /* State values per thread on large grids. bf16 state holds 64 (16-byte loads carry 8 values, so 32
  * would leave too few bytes in flight per SM); fp32 holds 32. */
 template <typename S> constexpr int big_regs() { return sizeof(S) == 2 ? 64 : 32; }
-/* (The replay instances too: 32 bf16 values per thread, more warps for the token loop, was measured
+/* (The fold instances too: 32 bf16 values per thread, more warps for the token loop, was measured
  * slower on the H100, 2026-11-22.) */
 
 /* SHARED (tokens prepared once per CTA in shared memory, see below): a thread holds 16 elements of

@@ -11,12 +11,12 @@
  *   cache == NULL (decode / plain update): state[w, h] = S after T tokens.
  *   cache != NULL (verify): cache[i, t, h] = S after token t for every t; the pool is not written.
  *
- * Replay strategy (SPEC 3.2; token_store != NULL, cache == NULL): each slot keeps the inputs of its
+ * Fold strategy (SPEC 3.2; token_store != NULL, cache == NULL): each slot keeps the inputs of its
  * last verify's tokens, and pending[slot] of them are accepted but not yet in its state. For a live
  * row: S = state[r, h]; fold stored tokens 0..pending[r]-1 of slot r into S (the update without
  * outputs); then
- *   replay_verify == 0 (decode, or a flush when T == 0): run the T tokens, state[w, h] = S;
- *   replay_verify == 1 (verify): state[w, h] = S (the folded state), run the T tokens from it for the
+ *   deferred_verify == 0 (decode, or a flush when T == 0): run the T tokens, state[w, h] = S;
+ *   deferred_verify == 1 (verify): state[w, h] = S (the folded state), run the T tokens from it for the
  *   outputs, and store their inputs as slot w's tokens, once every fold that reads slot r's is done;
  * and once every head of the row has read pending[r] and slot r's tokens: pending[w] = 0. A token's
  * stored inputs (input_dtype) are k [HK, K], v [HV, V], a [HV], b [HV] in that order.
@@ -27,10 +27,10 @@
  * pool) with records 0..count-1 applied in order: S = g_j S + u_j k^_j^T (g_j from a_j, k^_j the
  * normalised k_j). For a live row with h = clamp(ring_count[r], 0, ring_capacity):
  *   T == 0 (a flush, w == r): state[w] = S_h; count[w] = 0 (no write when h == 0).
- *   decode (replay_verify == 0, T == 1): o from S_h and the token (u = beta (v - g S_h k^)). If w != r
+ *   decode (deferred_verify == 0, T == 1): o from S_h and the token (u = beta (v - g S_h k^)). If w != r
  *     or h + 1 >= ring_length: state[w] = S_{h+1} and count[w] = 0; else record h of slot w = the
  *     token, count[w] = h + 1.
- *   verify (replay_verify == 1): outputs of the T tokens from S_h. flush = w != r or
+ *   verify (deferred_verify == 1): outputs of the T tokens from S_h. flush = w != r or
  *     h + T > ring_capacity; base = flush ? 0 : h. If flush: state[w] = S_h. Records base..base+T-1
  *     of slot w = the T tokens; count[w] = base (commit then adds the accepted count).
  * Every head of the row reads ring_count[r] and the records it needs before any of them is
@@ -40,7 +40,7 @@
  * w = write_slots[i] (or r when write_slots is NULL) and n = clamp(accepted[i], 0, T):
  *   r >= num_slots or w >= num_slots: skipped, *error_flag = 1 (the verify treated the row as padding).
  *   n == 0: nothing changes.  n > 0: for every layer l, state_l[w] = cache_l[i, n - 1] (a plain copy
- *   in state_dtype, so bit-exact with the cache). Replay strategy (pending != NULL): pending_l[w] = n
+ *   in state_dtype, so bit-exact with the cache). Fold strategy (pending != NULL): pending_l[w] = n
  *   for every layer instead (n == 0 included).
  */
 #ifndef GDN_KERNEL_PARAMS_H
@@ -89,7 +89,7 @@ typedef struct gdn__layer_params {
     int32_t use_qk_l2norm;
 
     /* Inputs, views with the strides beside them (gdn__dense for dense tensors). The CUDA kernels
-     * copy q, k (and, for the replay store, v) in 16-byte pieces: their data and strides keep every
+     * copy q, k (and, for the fold store, v) in 16-byte pieces: their data and strides keep every
      * head 16-byte aligned there. */
     gdn_dtype input_dtype; /* BF16 or F16 for q, k, v, a, b */
     const void *q;         /* [B, T, HK, K] */
@@ -121,13 +121,13 @@ typedef struct gdn__layer_params {
 
     int32_t *error_flag; /* sticky, may be NULL */
 
-    /* Replay strategy; token_store == NULL selects the cache strategy (or a plain update). */
+    /* Fold strategy; token_store == NULL selects the cache strategy (or a plain update). */
     void *token_store;         /* [num_slots][store_tokens][token elements] in input_dtype */
     int32_t store_tokens;      /* tokens a slot keeps (the engine's max_tokens) */
     int32_t *pending;          /* [num_slots] */
-    int32_t replay_verify;
+    int32_t deferred_verify;
     uint32_t *arrivals;        /* [B] zeroed, left zeroed: the CUDA kernel's per-row count of finished
-                                * CTAs, so that the last one does the row's bookkeeping (replay, ring) */
+                                * CTAs, so that the last one does the row's bookkeeping (fold, ring) */
 
     /* Ring strategy; ring == NULL selects another. */
     void *ring;                /* [num_slots][ring_capacity] records of gdn__ring_record_bytes() bytes */
@@ -207,7 +207,7 @@ typedef struct gdn__commit_params {
     const int32_t *write_slots; /* [B] or NULL */
     const int32_t *accepted;    /* [B] */
     int32_t *error_flag;
-    /* Replay strategy: instead of copying from the cache, pending_l[w] = n for every layer (layer l's
+    /* Fold strategy: instead of copying from the cache, pending_l[w] = n for every layer (layer l's
      * counts at pending + l * counts_layer_stride); cache is NULL then. */
     int32_t *pending;
     /* Ring strategy: ring_count_l[w] += n for every layer instead (layer l's counts at ring_count +

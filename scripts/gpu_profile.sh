@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Nsight Compute profiles of the layer-step kernel's decode, cache-verify and replay instances, run
+# Nsight Compute profiles of the layer-step kernel's decode, cache-verify and fold instances, run
 # inside `gdn-bench --strategies` (qwen3-next first), from a bundle made by scripts/bundle.sh:
 #   scripts/gpu_profile.sh [BUNDLE_DIR] [OUT_DIR]
 # One report per instance kind, with the sections that say what bounds a kernel (throughput, warp
 # stalls, pipe use, occupancy). Instances are picked by their mangled template flags
-# <..., ONE_TOKEN, REPLAY>: Lb1ELb0E decode, Lb0ELb0E cache verify, Lb0ELb1E replay verify,
-# Lb1ELb1E replay decode.
+# <..., ONE_TOKEN, FOLD>: Lb1ELb0E decode, Lb0ELb0E cache verify, Lb0ELb1E fold verify,
+# Lb1ELb1E fold decode.
 set -u
 bundle=$(cd "${1:-gpu-bundle}" && pwd) || exit 2
 out=${2:-${OUT:-gpu-profile-out}}

@@ -26,7 +26,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu
 limit=${GDN_VERIFY_LIMIT:-420}
 
 # One sanitizer process per (tool, suite, Criterion filter): the slow suites are split so that each
-# piece takes at most ~370 s on the H100 host (the replay suite under racecheck: one test a process).
+# piece takes at most ~370 s on the H100 host (the fold suite under racecheck: one test a process).
 sanitize() { # tool suite label [filter]
     [ "${GDN_VERIFY_SANITIZE:-1}" = 1 ] || return 0
     local tool=$1 suite=$2 label=$3
@@ -42,7 +42,7 @@ if want tests; then
     sanitize memcheck test_gpu_kernels qwen3_5 'gpu_kernels/qwen3_5*'
     sanitize memcheck test_gpu_kernels others '!(gpu_kernels/qwen3_5*)'
     sanitize memcheck test_gpu_engine ""
-    sanitize memcheck test_gpu_replay ""
+    sanitize memcheck test_gpu_fold ""
     sanitize memcheck test_gpu_op ""
 fi
 if want racecheck; then
@@ -50,9 +50,9 @@ if want racecheck; then
     sanitize racecheck test_gpu_kernels others '!(gpu_kernels/qwen3_5*)'
     sanitize racecheck test_gpu_engine ""
     for test in both_strategies sixteen_token large_batches ring_matches ring_sixteen ring_large ring_slots; do
-        sanitize racecheck test_gpu_replay $test "gpu_replay/$test*"
+        sanitize racecheck test_gpu_fold $test "gpu_fold/$test*"
     done
-    sanitize racecheck test_gpu_replay ring_directed "gpu_replay/ring_[afnrw]*"
+    sanitize racecheck test_gpu_fold ring_directed "gpu_fold/ring_[afnrw]*"
     sanitize racecheck test_gpu_op ""
 fi
 wait
@@ -61,7 +61,7 @@ pkill -KILL -f "$bundle/test_" 2>/dev/null && { echo "killed leftover test proce
 
 if want tests; then
     echo "== tests"; grep -E "^(PASS|FAIL|SKIP) |run-tests exit" "$out/all_tests.log"
-    echo "== replay scenarios (worst error as a share of the tolerance)"
+    echo "== fold scenarios (worst error as a share of the tolerance)"
     grep -E "T <= 16|B <= 64|RMS to float64" "$out/all_tests.log"
 fi
 for f in "$out"/memcheck_*.log "$out"/racecheck_*.log; do
@@ -70,7 +70,7 @@ for f in "$out"/memcheck_*.log "$out"/racecheck_*.log; do
 done
 if want tests; then
     "$bundle/gdn-serving-loop" > "$out/example.log" 2>&1
-    echo "== example (default: replay strategy, f32 state): $(tail -1 "$out/example.log")"
+    echo "== example (default: fold strategy, f32 state): $(tail -1 "$out/example.log")"
     "$bundle/gdn-serving-loop" --verify cache --state bf16 > "$out/example_cache.log" 2>&1
     echo "== example, cache strategy, bf16 state: $(tail -1 "$out/example_cache.log")"
 fi
@@ -81,7 +81,7 @@ if want racecheck && [ "${GDN_VERIFY_BENCH:-1}" = 1 ]; then
         --json "$out/engine_bf16_cache.json" > "$out/engine_bf16_cache.txt" 2>&1
     "$bundle/gdn-bench" --engine --state bf16 --max-batch 256 --tokens 1,2,4 --verify ring --ring-length 16 \
         --json "$out/engine_bf16_ring.json" > "$out/engine_bf16_ring.txt" 2>&1
-    # Cache, replay and the ring at L = 4, 8, 16, 32 (the L sweep), B = 64, both presets and dtypes.
+    # Cache, fold and the ring at L = 4, 8, 16, 32 (the L sweep), B = 64, both presets and dtypes.
     "$bundle/gdn-bench" --strategies --slots 1024 --batch 64 --layers 8 --ring-length 4,8,16,32 --samples 10 \
         --json "$out/strategies.json" > "$out/strategies.txt" 2>&1
     # Batch sizes beside 64: qwen3-next, ring L = 16.

@@ -1,6 +1,6 @@
 /*
  * Directed checks of the ring verify strategy (GDN_VERIFY_RING), run on the CPU backend by test_ring.c
- * and on the CUDA backend by test_gpu_replay.c: see ring_checks.h. A host model per slot and layer
+ * and on the CUDA backend by test_gpu_fold.c: see ring_checks.h. A host model per slot and layer
  * (the checkpoint the pool holds, the current state, the record count h) follows every step, and every
  * step compares every slot's raw pool bytes (gdn_engine_state_pool, downloaded: a read through the API
  * would write back) with the model: untouched bit for bit unless the model wrote back there.

@@ -1,6 +1,6 @@
 /*
  * Directed checks of the ring verify strategy on a given backend (Criterion assertions), shared by the
- * CPU suite (test_ring.c) and the GPU suite (test_gpu_replay.c). Each makes its own small tiny-preset
+ * CPU suite (test_ring.c) and the GPU suite (test_gpu_fold.c). Each makes its own small tiny-preset
  * engine (2 layers) with GDN_VERIFY_RING, fp32 outputs, and runs both state dtypes unless it says so.
  */
 #ifndef GDN_TESTS_RING_CHECKS_H

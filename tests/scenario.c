@@ -15,9 +15,9 @@ typedef struct request {
     int32_t remaining;        /* tokens still wanted */
     double *state;            /* [L][HV*V*K]: the reference, rounded where the engine stores */
     double *exact;            /* [L][HV*V*K]: the same tokens in float64, never rounded */
-    int32_t npending;         /* replay: accepted tokens not yet folded into `state`; ring: the ring's
+    int32_t npending;         /* fold: accepted tokens not yet folded into `state`; ring: the ring's
                                * records (every token since the checkpoint `state`), h */
-    test_inputs *pending_in;  /* replay, ring: [L] one-row inputs of those tokens */
+    test_inputs *pending_in;  /* fold, ring: [L] one-row inputs of those tokens */
 } request;
 
 /* Appends the first `count` tokens of `row` of src to the one-row dst (zeroed: empty). */
@@ -102,7 +102,7 @@ scenario_result run_scenario(const scenario_options *o)
     config.graph_mode = o->graph_mode;
     config.verify_strategy = o->strategy;
     config.ring_length = o->ring_length;
-    const int replay = o->strategy == GDN_VERIFY_REPLAY, ring = o->strategy == GDN_VERIFY_RING;
+    const int fold = o->strategy == GDN_VERIFY_FOLD, ring = o->strategy == GDN_VERIFY_RING;
     const int32_t check_every = o->check_every > 0 ? o->check_every : 1;
     float *params = NULL;
     gdn_engine *e = test_engine_create(&config, &rng, &params);
@@ -226,7 +226,7 @@ scenario_result run_scenario(const scenario_options *o)
                     memcpy(current, S, elems * sizeof(double));
                     fold_pending(&config, r, l, params, current);
                 } else {
-                    fold_pending(&config, r, l, params, S); /* replay: the kernel folds before its own tokens */
+                    fold_pending(&config, r, l, params, S); /* fold: the kernel folds before its own tokens */
                 }
                 const double *before = ring ? current : S;
                 test_reference_row(&config, &in[l], i, keep, A_log, dt_bias, r->exact + elems * (size_t)l, NULL);
@@ -245,7 +245,7 @@ scenario_result run_scenario(const scenario_options *o)
                         memcpy(S, current, elems * sizeof(double));
                         test_round_to(S, elems, o->state_dtype);
                     }
-                } else if (replay && verify) { /* the pool gets the folded state; the accepted tokens stay pending */
+                } else if (fold && verify) { /* the pool gets the folded state; the accepted tokens stay pending */
                     test_round_to(S, elems, o->state_dtype);
                 } else if (keep > 0) { /* the state after `keep` tokens, rounded once where the engine stores it */
                     test_reference_row(&config, &in[l], i, keep, A_log, dt_bias, S, NULL);
@@ -258,7 +258,7 @@ scenario_result run_scenario(const scenario_options *o)
             if (rows[i] < 0) continue;
             request *r = &reqs[row_req[i]];
             const int32_t keep = verify ? accepted[i] : 1;
-            if (replay) { /* folded by this step; a verify leaves its accepted tokens pending */
+            if (fold) { /* folded by this step; a verify leaves its accepted tokens pending */
                 clear_pending(r, L);
                 if (verify) append_pending(&config, r, in, i, keep, L);
             }
@@ -285,13 +285,13 @@ scenario_result run_scenario(const scenario_options *o)
             r->remaining -= keep;
         }
 
-        /* Every live request's state, every layer, against the reference (replay: reading a state
+        /* Every live request's state, every layer, against the reference (fold: reading a state
          * folds its pending tokens first, so the model does too; ring: a read writes the current state
          * back into the pool, rounded, and empties the ring). */
         const int check_now = step % check_every == check_every - 1 || step == o->steps - 1;
         for (int32_t q = 0; q < max_requests && check_now; q++) {
             if (!reqs[q].live) continue;
-            /* The raw pool, before the read: the model's stored state (the replay and ring strategies'
+            /* The raw pool, before the read: the model's stored state (the fold and ring strategies'
              * pools lag by the pending tokens, and a write-back at another point than the model's shows
              * here as a whole token's difference, not only as rounding). */
             unsigned char *pool = test_snapshot_pool(e, reqs[q].slot);
@@ -304,7 +304,7 @@ scenario_result run_scenario(const scenario_options *o)
                               l, reqs[q].npending, 100 * ratio);
             }
             free(pool);
-            if ((replay || ring) && reqs[q].npending > 0) { /* ring: the read writes the state back */
+            if ((fold || ring) && reqs[q].npending > 0) { /* ring: the read writes the state back */
                 result.ring_flush_read += ring;
                 for (int32_t l = 0; l < L; l++) {
                     fold_pending(&config, &reqs[q], l, params, reqs[q].state + elems * (size_t)l);

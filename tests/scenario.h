@@ -4,7 +4,7 @@
  * initial state), run in decode and verify steps of varying batch (so several buckets), with explicit
  * padding rows, forks into a new write slot, random acceptance (0 and T included), and retire. The
  * host model follows the strategy's rounding points: the cache strategy stores the state after the
- * accepted prefix; the replay strategy stores the folded state and keeps the accepted tokens pending
+ * accepted prefix; the fold strategy stores the folded state and keeps the accepted tokens pending
  * until the next step (or a state read) folds them; the ring strategy keeps a checkpoint (rounded only
  * where the engine writes the pool back) and every token since it, until a full ring, a verify that
  * does not fit, a fork or a state read writes the state back.

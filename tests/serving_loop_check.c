@@ -18,8 +18,8 @@
  *      accepts (0..T), writes the counts into the engine's accepted buffer (device memory on CUDA) and
  *      commits them. Requests advance by what they accepted and retire when they have their tokens
  *      (gdn_slot_free). Batch sizes move up and down, so different padding buckets get used.
- *      The verify strategy is the library's default (auto: replay when max_tokens > 1, cache for
- *      max_tokens 1); `--verify cache|replay` forces one. Replay keeps no per-token states: the
+ *      The verify strategy is the library's default (auto: fold when max_tokens > 1, cache for
+ *      max_tokens 1); `--verify cache|fold` forces one. Fold keeps no per-token states: the
  *      accepted tokens are folded into the state by the slot's next kernel, or by a state read.
  *   4. Independently of the engine, the example keeps every live request's state of every layer on the
  *      host in float64 and applies the same tokens with the reference (gdn__ref_head), rounding the
@@ -33,7 +33,7 @@
  *   gdn_serving_loop_check(argc, argv) with the options [--preset tiny|qwen3-next|qwen3.5] [--layers N] [--steps N] [--seed N]
  *                    [--state f32|bf16] [--input bf16|f16] [--output bf16|f32]
  *                    [--backend auto|cpu|cuda] [--max-batch N] [--max-tokens N] [--slots N]
- *                    [--verify auto|cache|replay] [--check-every N] [--verbose]
+ *                    [--verify auto|cache|fold] [--check-every N] [--verbose]
  *
  * Exit status: 0 when every check passed, 1 on a failed check or an API error, 2 on a bad argument.
  */
@@ -137,7 +137,7 @@ static void usage(FILE *f)
             "  --max-batch N      most rows in a step (default 16)\n"
             "  --max-tokens N     most tokens in a verify step, 1..%d (default 4)\n"
             "  --slots N          state slots = most live requests (default 1.25 x max-batch)\n"
-            "  --verify S         verify strategy: auto (default: replay if max-tokens > 1), cache or replay\n"
+            "  --verify S         verify strategy: auto (default: fold if max-tokens > 1), cache or fold\n"
             "  --check-every N    compare every live state every N steps (default 20, 0: never)\n"
             "  --verbose          one line per step\n",
             GDN_MAX_TOKENS);
@@ -208,7 +208,7 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (strcmp(flag, "--verify") == 0) {
             if (arg && strcmp(arg, "auto") == 0) o->verify = GDN_VERIFY_AUTO;
             else if (arg && strcmp(arg, "cache") == 0) o->verify = GDN_VERIFY_CACHE;
-            else if (arg && strcmp(arg, "replay") == 0) o->verify = GDN_VERIFY_REPLAY;
+            else if (arg && strcmp(arg, "fold") == 0) o->verify = GDN_VERIFY_FOLD;
             else ok = 0;
         } else if (strcmp(flag, "--backend") == 0) {
             if (arg && strcmp(arg, "auto") == 0) o->backend = GDN_BACKEND_AUTO;
@@ -245,7 +245,7 @@ typedef struct request {
     int id;
     int wanted;   /* tokens this request will generate before it retires */
     int done;     /* tokens generated (committed to the state) so far */
-    int unfolded; /* replay: accepted tokens are pending (ref includes them, not yet rounded) */
+    int unfolded; /* fold: accepted tokens are pending (ref includes them, not yet rounded) */
     double *ref;  /* the host reference state, [layers][HV][V][K] float64 */
 } request;
 
@@ -377,7 +377,7 @@ static void create_engine(server *s)
     printf("engine: %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify; %.1f MiB of backend "
            "memory (pools %.1f, verify cache %.1f, token store %.1f)\n",
            s->num_slots, s->max_batch, s->max_tokens, (int)c->num_buckets,
-           c->verify_strategy == GDN_VERIFY_REPLAY ? "replay" : "cache", (double)mem.total / 1048576.0,
+           c->verify_strategy == GDN_VERIFY_FOLD ? "fold" : "cache", (double)mem.total / 1048576.0,
            (double)mem.state_pools / 1048576.0, (double)mem.verify_cache / 1048576.0,
            (double)mem.token_store / 1048576.0);
 
@@ -444,7 +444,7 @@ static void allocate_host_buffers(server *s)
 static void check_state(server *s, int32_t slot)
 {
     request *r = &s->req[slot];
-    /* Replay: the read first folds the pending tokens and stores the state, rounded there. */
+    /* Fold: the read first folds the pending tokens and stores the state, rounded there. */
     if (r->unfolded)
         for (int64_t e = 0; e < (int64_t)s->L * s->slot_elems; e++) r->ref[e] = round_to(s->state_dtype, r->ref[e]);
     r->unfolded = 0;
@@ -594,7 +594,7 @@ static void ref_head(server *s, int l, int h, int T, const double *state, keep_s
  * Replays row i of the step on the host reference, layer by layer and head by head, from the very
  * bf16/fp16 inputs the engine saw: all T tokens are run (from a scratch copy of the state) so that
  * every output can be compared, and the reference state takes the state after the `n` accepted tokens.
- * With the replay strategy a verify's accepted tokens are not stored yet: the pool gets the state the
+ * With the fold strategy a verify's accepted tokens are not stored yet: the pool gets the state the
  * verify started from, and the next kernel that touches the slot applies them to it (so does ref).
  */
 static void reference_row(server *s, int i, int T, int n, int verify)
@@ -603,7 +603,7 @@ static void reference_row(server *s, int i, int T, int n, int verify)
     const int heads_per_key = s->HV / s->HK;
     const int64_t head_elems = (int64_t)s->V * s->K;
     const gdn_dtype in = s->input_dtype;
-    const int pending_after = verify && s->opt.verify == GDN_VERIFY_REPLAY;
+    const int pending_after = verify && s->opt.verify == GDN_VERIFY_FOLD;
     for (int l = 0; l < s->L; l++) {
         for (int h = 0; h < s->HV; h++) {
             const int kh = h / heads_per_key;
@@ -643,7 +643,7 @@ static void reference_row(server *s, int i, int T, int n, int verify)
             /* The engine keeps the state in fp32 between the tokens of one call and rounds it once to
              * the pool's dtype where it stores it. Cache strategy: after a decode token, and (through
              * the verify cache) after the last accepted token; rows that accepted nothing keep their
-             * stored state. Replay verify: the state it started from (pending tokens folded) is
+             * stored state. Fold verify: the state it started from (pending tokens folded) is
              * stored, and the accepted tokens are applied to that stored value, unrounded, later. */
             if (pending_after) {
                 for (int64_t e = 0; e < head_elems; e++) state[e] = round_to(s->state_dtype, state[e]);

@@ -38,7 +38,7 @@ static void buffer_free(gdn_backend_kind backend, void *p)
     free(p);
 }
 
-/* An engine whose slots 0..5 hold random states and, under replay and ring, pending tokens or ring
+/* An engine whose slots 0..5 hold random states and, under fold and ring, pending tokens or ring
  * records (verify + commit, decode, verify + commit). */
 gdn_engine *slot_ops_engine_with_pending(gdn_backend_kind backend, gdn_verify_strategy strategy, uint64_t seed)
 {

@@ -9,7 +9,7 @@
 
 #include "gdn/gdn.h"
 
-/* A 2-layer tiny engine whose slots 0..5 hold random states and, under replay and ring, pending
+/* A 2-layer tiny engine whose slots 0..5 hold random states and, under fold and ring, pending
  * tokens or ring records (verify + commit, decode, verify + commit); 8 slots, all allocated. */
 gdn_engine *slot_ops_engine_with_pending(gdn_backend_kind backend, gdn_verify_strategy strategy, uint64_t seed);
 

@@ -29,7 +29,7 @@ gdn_engine_config test_config(const char *preset, int32_t layers, gdn_dtype stat
     config.max_batch = max_batch;
     config.max_tokens = max_tokens;
     config.backend = GDN_BACKEND_CPU;
-    /* Pinned, not AUTO: a test that is about the replay strategy says so (AUTO: config tests). */
+    /* Pinned, not AUTO: a test that is about the fold strategy says so (AUTO: config tests). */
     config.verify_strategy = GDN_VERIFY_CACHE;
     return config;
 }

@@ -79,7 +79,7 @@ unsigned char *test_snapshot_slot(gdn_engine *engine, int32_t slot);
 
 /* Snapshot of every layer's pool bytes of `slot`, copied straight from the pools (gdn_engine_state_pool
  * and gdn_engine_download), not through gdn_slot_read_state: a read through the API writes back what
- * the replay and ring strategies keep pending, so only this one sees a lagging pool as it is. */
+ * the fold and ring strategies keep pending, so only this one sees a lagging pool as it is. */
 unsigned char *test_snapshot_pool(gdn_engine *engine, int32_t slot);
 
 /* Twin engines after the same step of `batch` rows and T tokens: every layer's outputs (none for an

@@ -198,11 +198,11 @@ Test(config, ring_length_zero_resolves_to_the_default_and_the_ring_replaces_the_
     gdn_engine_destroy(e);
 }
 
-Test(config, auto_strategy_is_replay_for_drafts_at_batch_16_and_up)
+Test(config, auto_strategy_is_fold_for_drafts_at_batch_16_and_up)
 {
     const struct { int32_t max_tokens, max_batch; gdn_verify_strategy expected; } cases[] = {
-        {1, 16, GDN_VERIFY_CACHE},  {2, 16, GDN_VERIFY_REPLAY}, {4, 32, GDN_VERIFY_REPLAY},
-        {GDN_MAX_TOKENS, 16, GDN_VERIFY_REPLAY}, {4, 8, GDN_VERIFY_CACHE}, {4, 15, GDN_VERIFY_CACHE}};
+        {1, 16, GDN_VERIFY_CACHE},  {2, 16, GDN_VERIFY_FOLD}, {4, 32, GDN_VERIFY_FOLD},
+        {GDN_MAX_TOKENS, 16, GDN_VERIFY_FOLD}, {4, 8, GDN_VERIFY_CACHE}, {4, 15, GDN_VERIFY_CACHE}};
     for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
         gdn_engine_config c = valid();
         c.verify_strategy = GDN_VERIFY_AUTO;
@@ -217,7 +217,7 @@ Test(config, auto_strategy_is_replay_for_drafts_at_batch_16_and_up)
         gdn_memory_report r;
         cr_assert_eq(gdn_engine_memory(e, &r), GDN_OK);
         /* what each strategy allocates, so the choice is not only a reported label */
-        if (cases[n].expected == GDN_VERIFY_REPLAY) cr_assert(r.verify_cache == 0 && r.token_store > 0);
+        if (cases[n].expected == GDN_VERIFY_FOLD) cr_assert(r.verify_cache == 0 && r.token_store > 0);
         else cr_assert(r.verify_cache > 0 && r.token_store == 0);
         cr_assert_eq(r.ring, 0, "AUTO never picks the ring strategy");
         gdn_engine_destroy(e);
@@ -225,10 +225,10 @@ Test(config, auto_strategy_is_replay_for_drafts_at_batch_16_and_up)
     }
 }
 
-Test(config, replay_strategy_allocates_a_token_store_instead_of_the_cache)
+Test(config, fold_strategy_allocates_a_token_store_instead_of_the_cache)
 {
     gdn_engine_config c = valid(); /* tiny: HK 2, HV 4, K = V = 64; 2 layers, 8 slots, max_tokens 4 */
-    c.verify_strategy = GDN_VERIFY_REPLAY;
+    c.verify_strategy = GDN_VERIFY_FOLD;
     cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
     gdn_engine *e = NULL;
     cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);

@@ -854,7 +854,7 @@ static void caller_work_matches_engine_work(gdn_verify_strategy strategy, uint64
 }
 
 Test(engine, caller_work_matches_engine_work_cache) { caller_work_matches_engine_work(GDN_VERIFY_CACHE, 81); }
-Test(engine, caller_work_matches_engine_work_replay) { caller_work_matches_engine_work(GDN_VERIFY_REPLAY, 82); }
+Test(engine, caller_work_matches_engine_work_fold) { caller_work_matches_engine_work(GDN_VERIFY_FOLD, 82); }
 Test(engine, caller_work_matches_engine_work_ring) { caller_work_matches_engine_work(GDN_VERIFY_RING, 83); }
 
 Test(engine, enqueue_calls_need_a_caller_work_step)
@@ -912,12 +912,12 @@ Test(engine, step_rows_are_the_rows_the_kernels_read)
 /* ---------------------------------------------------------------------------------------------- */
 
 Test(engine, slot_operations_cache) { slot_ops_keep_current_states(GDN_BACKEND_CPU, GDN_VERIFY_CACHE, 91); }
-Test(engine, slot_operations_replay) { slot_ops_keep_current_states(GDN_BACKEND_CPU, GDN_VERIFY_REPLAY, 92); }
+Test(engine, slot_operations_fold) { slot_ops_keep_current_states(GDN_BACKEND_CPU, GDN_VERIFY_FOLD, 92); }
 Test(engine, slot_operations_ring) { slot_ops_keep_current_states(GDN_BACKEND_CPU, GDN_VERIFY_RING, 93); }
 
 Test(engine, slot_operations_refuse_and_change_nothing)
 {
-    gdn_engine *e = slot_ops_engine_with_pending(GDN_BACKEND_CPU, GDN_VERIFY_REPLAY, 94);
+    gdn_engine *e = slot_ops_engine_with_pending(GDN_BACKEND_CPU, GDN_VERIFY_FOLD, 94);
     float *buf = calloc(2 * 4 * 64 * 64, sizeof(float));
     unsigned char *before[8];
     for (int32_t s = 0; s < 8; s++) before[s] = test_snapshot_pool(e, s);
@@ -1004,7 +1004,7 @@ Test(engine, caller_pools_and_views_match_engine_memory)
     own_memory mem;
     own_memory_init(&mem);
     gdn_engine_config c = test_config("tiny", OWN_L, GDN_DTYPE_F32, OWN_SLOTS, OWN_ROWS, OWN_T);
-    c.verify_strategy = GDN_VERIFY_REPLAY;
+    c.verify_strategy = GDN_VERIFY_FOLD;
     gdn_engine *e[2];
     for (int k = 0; k < 2; k++) {
         gdn_engine_config ck = c;

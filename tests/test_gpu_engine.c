@@ -233,6 +233,52 @@ Test(gpu_engine, a_step_returns_while_the_gpu_is_busy)
     gdn_engine_destroy(e);
 }
 
+/* The synchronous calls order after the engine's own stream and wait for nothing else: a long kernel
+ * on an unrelated blocking stream (which a legacy-stream or device synchronisation would wait for)
+ * is still running when they return; a long kernel ahead of the engine's step on its stream is not. */
+Test(gpu_engine, synchronous_calls_wait_for_the_engines_stream_only, .timeout = 300)
+{
+    test_require_gpu();
+    gdn_engine *e = cuda_engine(GDN_GRAPHS_LAZY, 21, GDN_DTYPE_F32);
+    const gdn_engine_config *c = gdn_engine_get_config(e);
+    cudaStream_t engine_stream, unrelated;
+    cr_assert_eq(cudaStreamCreateWithFlags(&engine_stream, cudaStreamNonBlocking), cudaSuccess);
+    cr_assert_eq(cudaStreamCreate(&unrelated), cudaSuccess); /* blocking: synchronises with the legacy stream */
+    const size_t state_bytes = (size_t)c->model.num_v_heads * c->model.head_dim_v * c->model.head_dim_k * sizeof(float);
+    float *before = gdn__malloc(state_bytes), *after = gdn__malloc(state_bytes);
+    float *params = gdn__malloc(2 * (size_t)c->model.num_v_heads * sizeof(float));
+    cr_assert(before && after && params);
+    const int32_t rows[] = {5};
+    cr_assert_eq(gdn_slot_read_state(e, 1, 5, before), GDN_OK);
+
+    /* Ordering: 100 ms of work ahead of a decode step on the engine's stream; the read must see the step. */
+    cr_assert_eq(test_gpu_spin(engine_stream, 100.0), 0);
+    gdn_step decode = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 1, .slots = rows};
+    cr_assert_eq(gdn_engine_begin_step(e, &decode, engine_stream, NULL), GDN_OK);
+    cr_assert_eq(gdn_engine_run_step(e, engine_stream), GDN_OK);
+    cr_assert_eq(gdn_slot_read_state(e, 1, 5, after), GDN_OK);
+    cr_assert_eq(cudaStreamQuery(engine_stream), cudaSuccess, "the read returned before the engine's step ran");
+    cr_assert_neq(memcmp(before, after, state_bytes), 0, "the read did not see the step's state");
+
+    /* Independence: 300 ms on the unrelated stream; every synchronous call returns while it runs. */
+    cr_assert_eq(test_gpu_spin(unrelated, 300.0), 0);
+    const double t0 = now_us();
+    cr_assert_eq(gdn_slot_read_state(e, 0, 5, after), GDN_OK);
+    cr_assert_eq(gdn_slot_write_state(e, 0, 5, after), GDN_OK);
+    for (int32_t h = 0; h < 2 * c->model.num_v_heads; h++) params[h] = 0.25f;
+    cr_assert_eq(gdn_engine_set_layer_params(e, 2, params, params + c->model.num_v_heads), GDN_OK);
+    const double elapsed = now_us() - t0;
+    cr_assert_eq(cudaStreamQuery(unrelated), cudaErrorNotReady, "a synchronous call waited for an unrelated stream");
+    cr_assert_lt(elapsed, 100000.0, "three synchronous calls took %.0f us behind an unrelated 300 ms kernel", elapsed);
+    cr_assert_eq(cudaStreamSynchronize(unrelated), cudaSuccess);
+    gdn__free(before);
+    gdn__free(after);
+    gdn__free(params);
+    cudaStreamDestroy(engine_stream);
+    cudaStreamDestroy(unrelated);
+    gdn_engine_destroy(e);
+}
+
 /* The caller's own work in the captured graph: copy its "projected q" buffer into the layer's q,
  * then run the layer. */
 typedef struct user_model {
@@ -274,7 +320,7 @@ Test(gpu_engine, capture_callback_work_is_replayed_with_the_step, .timeout = 300
     }
     const int32_t rows[] = {4, 8, 15};
     for (int round = 0; round < 3; round++) {
-        /* New "projections" each round: the callback's copy must run in every replay. */
+        /* New "projections" each round: the callback's copy must run in every fold. */
         test_rng inputs = test_rng_seeded(500 + (uint64_t)round);
         for (int32_t l = 0; l < 3; l++) {
             test_inputs in;
@@ -307,18 +353,18 @@ Test(gpu_engine, capture_callback_work_is_replayed_with_the_step, .timeout = 300
     gdn_engine_destroy(with_callback);
 }
 
-Test(gpu_engine, replay_strategy_runs_on_the_gpu_with_auto_backend)
+Test(gpu_engine, fold_strategy_runs_on_the_gpu_with_auto_backend)
 {
     test_require_gpu();
     gdn_engine_config c = test_config("tiny", 1, GDN_DTYPE_F32, 4, 4, 2);
-    c.verify_strategy = GDN_VERIFY_REPLAY;
+    c.verify_strategy = GDN_VERIFY_FOLD;
     c.backend = GDN_BACKEND_AUTO; /* AUTO picks the GPU here, whatever the strategy */
     gdn_engine *e = NULL;
     cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
     cr_assert_eq(gdn_engine_backend(e), GDN_BACKEND_CUDA);
     gdn_memory_report m;
     cr_assert_eq(gdn_engine_memory(e, &m), GDN_OK);
-    cr_assert_eq(m.verify_cache, 0, "replay keeps no per-token states");
+    cr_assert_eq(m.verify_cache, 0, "fold keeps no per-token states");
     cr_assert_gt(m.token_store, 0);
     gdn_engine_destroy(e);
 }
@@ -438,7 +484,7 @@ Test(gpu_engine, caller_captured_graphs_match_engine_steps, .timeout = 600)
 
 /* Device-side slot operations with pending tokens and ring records, on the GPU. */
 Test(gpu_engine, slot_operations_cache) { test_require_gpu(); slot_ops_keep_current_states(GDN_BACKEND_CUDA, GDN_VERIFY_CACHE, 95); }
-Test(gpu_engine, slot_operations_replay) { test_require_gpu(); slot_ops_keep_current_states(GDN_BACKEND_CUDA, GDN_VERIFY_REPLAY, 96); }
+Test(gpu_engine, slot_operations_fold) { test_require_gpu(); slot_ops_keep_current_states(GDN_BACKEND_CUDA, GDN_VERIFY_FOLD, 96); }
 Test(gpu_engine, slot_operations_ring) { test_require_gpu(); slot_ops_keep_current_states(GDN_BACKEND_CUDA, GDN_VERIFY_RING, 97); }
 
 /* The serving-loop check (tests/serving_loop_check.c) on the GPU, both strategies it models. */
@@ -447,8 +493,8 @@ Test(gpu_engine, serving_loop_matches_the_reference, .timeout = 600)
     test_require_gpu();
     char *cache[] = {"check", "--backend", "cuda", "--steps", "96", "--verify", "cache", "--preset", "qwen3-next"};
     cr_assert_eq(gdn_serving_loop_check(9, cache), 0);
-    char *replay[] = {"check", "--backend", "cuda", "--steps", "96", "--verify", "replay", "--state", "bf16"};
-    cr_assert_eq(gdn_serving_loop_check(9, replay), 0);
+    char *fold[] = {"check", "--backend", "cuda", "--steps", "96", "--verify", "fold", "--state", "bf16"};
+    cr_assert_eq(gdn_serving_loop_check(9, fold), 0);
 }
 
 Test(gpu_engine, k_not_equal_v_and_l2norm_off)

@@ -13,8 +13,8 @@
 
 Test(op, strided_views_match_dense_cache_f32) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_CACHE, GDN_DTYPE_F32, 1); }
 Test(op, strided_views_match_dense_cache_bf16) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_CACHE, GDN_DTYPE_BF16, 2); }
-Test(op, strided_views_match_dense_replay_f32) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_REPLAY, GDN_DTYPE_F32, 3); }
-Test(op, strided_views_match_dense_replay_bf16) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_REPLAY, GDN_DTYPE_BF16, 4); }
+Test(op, strided_views_match_dense_fold_f32) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_FOLD, GDN_DTYPE_F32, 3); }
+Test(op, strided_views_match_dense_fold_bf16) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 4); }
 Test(op, strided_views_match_dense_ring_f32) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_RING, GDN_DTYPE_F32, 5); }
 Test(op, strided_views_match_dense_ring_bf16) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_RING, GDN_DTYPE_BF16, 6); }
 
@@ -255,12 +255,12 @@ static void slot_ops_match_flushed_states(gdn_verify_strategy strategy, uint64_t
 }
 
 Test(op, slot_operations_cache) { slot_ops_match_flushed_states(GDN_VERIFY_CACHE, 31); }
-Test(op, slot_operations_replay) { slot_ops_match_flushed_states(GDN_VERIFY_REPLAY, 32); }
+Test(op, slot_operations_fold) { slot_ops_match_flushed_states(GDN_VERIFY_FOLD, 32); }
 Test(op, slot_operations_ring) { slot_ops_match_flushed_states(GDN_VERIFY_RING, 33); }
 
 Test(op, slot_operation_refusals_change_nothing)
 {
-    work_op *w = make_work_op(GDN_VERIFY_REPLAY, 34);
+    work_op *w = make_work_op(GDN_VERIFY_FOLD, 34);
     work_op *before = clone_work_op(w);
     float buf[16];
     int32_t rows[4] = {0, 1, 2, 3};

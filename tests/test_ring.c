@@ -127,7 +127,7 @@ Test(ring, scenario_bf16_ring_of_32, .timeout = 300)
 }
 
 /* The large-batch scenario of the GPU suite on the CPU backend: 60 live requests, buckets up to 64 rows
- * of the qwen3-next geometry (the host model's check for test_gpu_replay's ring test). */
+ * of the qwen3-next geometry (the host model's check for test_gpu_fold's ring test). */
 Test(ring, large_batches_match_the_host_model, .timeout = 300)
 {
     scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CPU, .graph_mode = GDN_GRAPHS_LAZY,
@@ -144,8 +144,8 @@ Test(ring, large_batches_match_the_host_model, .timeout = 300)
  * strategies, run on the same requests, tokens and acceptances, end at the same states. */
 Test(ring, strategies_agree_and_the_ring_is_as_close_to_float64_with_bf16_state, .timeout = 300)
 {
-    const gdn_verify_strategy strategies[] = {GDN_VERIFY_CACHE, GDN_VERIFY_REPLAY, GDN_VERIFY_RING};
-    const char *names[] = {"cache", "replay", "ring"};
+    const gdn_verify_strategy strategies[] = {GDN_VERIFY_CACHE, GDN_VERIFY_FOLD, GDN_VERIFY_RING};
+    const char *names[] = {"cache", "fold", "ring"};
     const int32_t layers = 2, slots = 24;
     const size_t elems = 4 * 64 * 64, per_run = elems * (size_t)layers * (size_t)slots;
     double *final_states = malloc(sizeof(double) * per_run * 3);
@@ -297,7 +297,7 @@ Test(ring, configuration_and_memory)
     gdn_engine_destroy(e);
     /* Other strategies hold no ring. */
     c = test_config("tiny", 2, GDN_DTYPE_F32, 8, 8, 4);
-    c.verify_strategy = GDN_VERIFY_REPLAY;
+    c.verify_strategy = GDN_VERIFY_FOLD;
     cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
     cr_assert_eq(gdn_engine_memory(e, &m), GDN_OK);
     cr_assert_eq(m.ring, 0);

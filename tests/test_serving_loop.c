@@ -16,7 +16,7 @@ static int run(const char *verify, const char *state)
 }
 
 Test(serving_loop, cache_strategy_fp32_state_matches_the_reference) { cr_assert_eq(run("cache", "f32"), 0); }
-Test(serving_loop, replay_strategy_bf16_state_matches_the_reference) { cr_assert_eq(run("replay", "bf16"), 0); }
+Test(serving_loop, fold_strategy_bf16_state_matches_the_reference) { cr_assert_eq(run("fold", "bf16"), 0); }
 Test(serving_loop, bad_arguments_are_refused)
 {
     char *argv[] = {"serving-loop-check", "--steps", "-3"};

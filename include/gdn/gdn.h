@@ -139,8 +139,8 @@ typedef enum gdn_verify_strategy {
      * state read and one write per step whatever T is. Reading a state through the API folds first.
      * Less memory than the cache and a faster verify + commit; its decode steps are slower than the
      * cache strategy's (bench/results, README). Both backends. */
-    GDN_VERIFY_REPLAY = 1,
-    /* The default (gdn_engine_config_init): REPLAY when max_tokens > 1 and max_batch >= 16, else
+    GDN_VERIFY_FOLD = 1,
+    /* The default (gdn_engine_config_init): FOLD when max_tokens > 1 and max_batch >= 16, else
      * CACHE (the measurements behind the choice: bench/results/2026-11-23-h100-strategies.md and
      * 2026-11-23-h100-ring.md). AUTO never picks RING. gdn_engine_get_config reports the choice. */
     GDN_VERIFY_AUTO = 2,
@@ -189,7 +189,7 @@ typedef enum gdn_step_kind {
  * data + i * row_stride + t * token_stride + h * head_stride + d, in elements of its dtype (the last
  * dimension contiguous). All three strides 0 means dense [batch, tokens, heads, D]. A column slice of
  * a fused projection output [B, T, N] is (data + first column, T * N, N, D). On CUDA, q and k (and v
- * under the replay and ring strategies) are read in 16-byte pieces: their data and strides must keep
+ * under the fold and ring strategies) are read in 16-byte pieces: their data and strides must keep
  * every head 16-byte aligned (v: 4-byte), else the op returns GDN_ENOTSUP.
  */
 typedef struct gdn_view {
@@ -241,7 +241,7 @@ typedef struct gdn_engine_config {
      * the engine calls it inside the capture of each (bucket, T, kind) with the capture stream; it
      * enqueues the caller's own work on that stream and calls gdn_engine_run_layer(engine, l,
      * capture_stream) for every layer exactly once (and, for a verify step, may end with
-     * gdn_engine_commit(engine, capture_stream) so that the replay commits too). Whatever the
+     * gdn_engine_commit(engine, capture_stream) so that the replayed graph commits too). Whatever the
      * caller's kernels read or write is baked into the graph: keep those buffers fixed. A status
      * other than GDN_OK aborts the capture and is returned by the step.
      */
@@ -318,7 +318,7 @@ GDN_API const char *gdn_engine_last_error(const gdn_engine *engine);
 typedef struct gdn_memory_report {
     uint64_t state_pools;  /* all layers' pools */
     uint64_t verify_cache; /* intermediate-state cache (cache strategy) */
-    uint64_t token_store;  /* per-slot token inputs and pending counts (replay strategy) */
+    uint64_t token_store;  /* per-slot token inputs and pending counts (fold strategy) */
     uint64_t ring;         /* per-slot token records and ring counts (ring strategy) */
     uint64_t io_buffers;   /* q, k, v, a, b, o for every layer */
     uint64_t parameters;   /* A_log, dt_bias */
@@ -364,12 +364,12 @@ GDN_API gdn_status gdn_slot_reset(gdn_engine *engine, int32_t slot, void *stream
  * launch). Both slots must be allocated and not needed by the current step (GDN_ESLOT_BUSY, as
  * gdn_slot_free); GDN_ESLOT_RANGE, GDN_ESLOT_FREE, GDN_EINVAL (NULL buffer, dst == src, a layer
  * stride below HV * V * K).
- *   copy: dst's state becomes src's current state in every layer (under replay and ring the
+ *   copy: dst's state becomes src's current state in every layer (under fold and ring the
  *     pending tokens or ring records travel with it, so nothing is folded or written back);
  *   import: slot's state in layer l becomes src[l * layer_stride ...] (HV * V * K elements in the
  *     pool's dtype, backend memory: e.g. a prefill kernel's final states), pending tokens / ring
  *     records dropped;
- *   export: dst[l * layer_stride ...] becomes slot's current state in layer l; under replay and ring
+ *   export: dst[l * layer_stride ...] becomes slot's current state in layer l; under fold and ring
  *     a slot with pending tokens or records is first written back in place (one zero-token launch a
  *     layer before the copy).
  */
@@ -532,7 +532,7 @@ GDN_API gdn_status gdn_engine_download(gdn_engine *engine, void *host_dst, const
 /*
  * Copies a slot's state between the pool of `layer` and host memory (dtype elements, HV*V*K of them),
  * synchronously. For tests, prefill hand-off and inspection; not for the step path. The slot must be
- * allocated. With the replay strategy a read first folds the layer's accepted-but-pending tokens into
+ * allocated. With the fold strategy a read first folds the layer's accepted-but-pending tokens into
  * the pool (so it returns the current state), and a write replaces them with the written state.
  */
 GDN_API gdn_status gdn_slot_read_state(gdn_engine *engine, int32_t layer, int32_t slot, void *host_dst);

@@ -49,7 +49,7 @@ typedef struct gdn_op_layer {
     int32_t *error_flag;        /* backend memory, sticky, or NULL */
 
     /* The verify strategy and its memory: CACHE (a verify writes every token's state into the
-     * workspace, commit copies the accepted one into the pool), REPLAY or RING (gdn.h describes
+     * workspace, commit copies the accepted one into the pool), FOLD or RING (gdn.h describes
      * both). The workspace is the strategy's memory for this layer, gdn_op_workspace_bytes() bytes,
      * zero-filled before first use and then only touched by ops with the same shape fields. */
     gdn_verify_strategy strategy;
@@ -68,7 +68,7 @@ GDN_API size_t gdn_op_workspace_bytes(const gdn_op_layer *op);
 
 /*
  * Runs the layer step on `stream`: outputs into o; under CACHE a decode writes the pool and a verify
- * the workspace; REPLAY and RING as in gdn.h. Returns, changing nothing: GDN_EINVAL (NULL op or a
+ * the workspace; FOLD and RING as in gdn.h. Returns, changing nothing: GDN_EINVAL (NULL op or a
  * required pointer, AUTO backend, AUTO strategy, a model or dtype outside gdn.h's ranges),
  * GDN_ESTEP_KIND, GDN_ESTEP_TOKENS (decode with T != 1, verify outside 1..max_tokens),
  * GDN_ESTEP_BATCH (batch < 0 or > max_batch), GDN_ENOTSUP (alignment on CUDA), GDN_ENODEV (CUDA in a
@@ -86,15 +86,15 @@ GDN_API gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted
  * Pending work and slots (one layer: the op's pool and workspace; the step fields are not read).
  * All enqueue on `stream` and are capturable; slot numbers are host values baked into the launch.
  *   flush: the pending work of slots[0..count) (backend memory; < 0 skipped; count <= max_batch)
- *     is written into their states in place (replay: accepted tokens folded; ring: records written
+ *     is written into their states in place (fold: accepted tokens folded; ring: records written
  *     back); nothing to do under CACHE.
  *   slot_copy: dst becomes src, pending work included (nothing is folded).
  *   slot_import: the slot's state becomes src (HV * V * K elements of the pool's dtype, backend
  *     memory), pending work dropped; slot_reset: the same with zeros.
- *   slot_export: dst becomes the slot's current state (under replay and ring its pending work is
+ *   slot_export: dst becomes the slot's current state (under fold and ring its pending work is
  *     written back in place first).
  * GDN_ESLOT_RANGE for a slot outside the pool, GDN_EINVAL for NULL buffers, dst == src, or (flush,
- * export under replay and ring) NULL A_log / dt_bias; GDN_ESTEP_BATCH for a count outside
+ * export under fold and ring) NULL A_log / dt_bias; GDN_ESTEP_BATCH for a count outside
  * 0..max_batch; the description's own codes as gdn_op_layer_step.
  */
 GDN_API gdn_status gdn_op_flush(const gdn_op_layer *op, const int32_t *slots, int32_t count, void *stream);

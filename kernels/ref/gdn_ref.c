@@ -101,7 +101,7 @@ static void store_to_cache(void *user, int32_t t, const double *S)
 size_t gdn__ref_scratch_bytes(void)
 {
     /* The state, q, k, v, o and (ring) u of up to GDN_MAX_TOKENS tokens, and room for one folded
-     * token's k and v (replay) or one ring record's k^ and u (ring) past them. */
+     * token's k and v (fold) or one ring record's k^ and u (ring) past them. */
     const size_t max_dim = 256;
     return sizeof(double) * (max_dim * max_dim + 5 * GDN_MAX_TOKENS * max_dim + 2 * max_dim);
 }
@@ -115,7 +115,7 @@ gdn_status gdn__ref_layer_step(const gdn__layer_params *p)
     return GDN_OK;
 }
 
-/* Replay strategy: widens stored token t of `slot` for value head h (key head kh). */
+/* Fold strategy: widens stored token t of `slot` for value head h (key head kh). */
 static void load_stored_token(const gdn__layer_params *p, int64_t slot, int32_t t, int32_t h, int32_t kh, double *k,
                               double *v, double *a, double *b)
 {
@@ -128,7 +128,7 @@ static void load_stored_token(const gdn__layer_params *p, int64_t slot, int32_t 
     *b = gdn__load_f32(p->token_store, p->input_dtype, gates_at + p->HV + h);
 }
 
-/* Replay strategy: copies row i's T tokens (k, v, a, b as given) into `slot`'s stored tokens. */
+/* Fold strategy: copies row i's T tokens (k, v, a, b as given) into `slot`'s stored tokens. */
 static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot)
 {
     const size_t esize = gdn_dtype_size(p->input_dtype);
@@ -200,7 +200,7 @@ static ring_plan plan_ring_row(const gdn__layer_params *p, int64_t r, int64_t w)
     int32_t h = p->ring_count[r];
     plan.h = h < 0 ? 0 : (h > p->ring_capacity ? p->ring_capacity : h);
     if (p->T == 0) plan.flush = plan.h > 0, plan.keep = 0;
-    else if (!p->replay_verify) plan.flush = r != w || plan.h + 1 >= p->ring_length, plan.keep = !plan.flush;
+    else if (!p->deferred_verify) plan.flush = r != w || plan.h + 1 >= p->ring_length, plan.keep = !plan.flush;
     else plan.flush = r != w || plan.h + p->T > p->ring_capacity, plan.keep = 1;
     plan.base = plan.flush ? 0 : plan.h;
     return plan;
@@ -247,7 +247,7 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
             widen(p->state, p->state_dtype, r * p->slot_stride + h * state_elems, state_elems, S);
             if (p->ring) { /* ring: S_h, then the tokens (their corrections kept as records) */
                 for (int32_t j = 0; j < plan.h; j++) apply_ring_record(p, r, j, h, kh, S, record_k, record_u);
-                const int flush_first = plan.flush && (p->T == 0 || p->replay_verify);
+                const int flush_first = plan.flush && (p->T == 0 || p->deferred_verify);
                 if (flush_first) narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
                 if (T == 0) continue;
                 gdn__ref_head_updates(T, K, V, S, q, k, K, v, V, a, b, p->A_log[h], p->dt_bias[h], p->scale,
@@ -264,7 +264,7 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
                                (int64_t)h * V, V, u + (int64_t)t * V);
                 continue;
             }
-            if (p->token_store) { /* replay: fold the slot's accepted tokens first (their outputs unused) */
+            if (p->token_store) { /* fold: fold the slot's accepted tokens first (their outputs unused) */
                 const int32_t n = p->pending[r];
                 /* o is free until the own tokens run; the scratch has room past it for k and v. */
                 double fa[GDN_MAX_TOKENS], fb[GDN_MAX_TOKENS], *fk = o, *fv = o + K;
@@ -274,7 +274,7 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
                     gdn__ref_head(1, K, V, S, fk, fk, K, fv, V, &fa[t], &fb[t], p->A_log[h], p->dt_bias[h], p->scale,
                                   p->use_qk_l2norm, fo, V, NULL, NULL);
                 }
-                if (p->replay_verify) narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
+                if (p->deferred_verify) narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
             }
             cache_hook_ctx ctx = {p, (int64_t)i * p->cache_row_stride + h * state_elems};
             gdn__ref_head(T, K, V, S, q, k, K, v, V, a, b, p->A_log[h], p->dt_bias[h], p->scale,
@@ -283,16 +283,16 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
                 for (int32_t c = 0; c < V; c++)
                     gdn__store_f32(p->out, p->output_dtype, out_row + (int64_t)t * v_token + c,
                                    (float)o[(int64_t)t * V + c]);
-            if (!p->cache && !(p->token_store && p->replay_verify))
+            if (!p->cache && !(p->token_store && p->deferred_verify))
                 narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
         }
         if (p->token_store && !padding) { /* the row's bookkeeping, once every head has folded */
-            if (p->replay_verify) store_row_tokens(p, i, w);
+            if (p->deferred_verify) store_row_tokens(p, i, w);
             p->pending[w] = 0;
         }
         if (p->ring && !padding) { /* the row's bookkeeping, once every head has read slot r's records */
             if (plan.keep) store_ring_inputs(p, i, w, plan.base);
-            p->ring_count[w] = p->replay_verify ? plan.base : (plan.keep ? plan.h + 1 : 0);
+            p->ring_count[w] = p->deferred_verify ? plan.base : (plan.keep ? plan.h + 1 : 0);
         }
     }
 }
@@ -315,7 +315,7 @@ void gdn__ref_commit(const gdn__commit_params *p)
             for (int32_t l = 0; l < p->num_layers; l++) p->ring_count[(int64_t)l * p->counts_layer_stride + w] += n;
             continue;
         }
-        if (p->pending) { /* replay: the next kernel that touches the slot folds them */
+        if (p->pending) { /* fold: the next kernel that touches the slot folds them */
             for (int32_t l = 0; l < p->num_layers; l++) p->pending[(int64_t)l * p->counts_layer_stride + w] = n;
             continue;
         }

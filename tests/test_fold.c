@@ -1,8 +1,8 @@
 /*
- * The replay verify strategy (SPEC 3.2) on the CPU backend: the same random serving scenarios as the
- * cache strategy, checked against a host model with the replay rounding points, states read at every
+ * The fold verify strategy (SPEC 3.2) on the CPU backend: the same random serving scenarios as the
+ * cache strategy, checked against a host model with the fold rounding points, states read at every
  * step (each read folds) and only every few steps (so that the next step's kernel folds), both state
- * dtypes; pending tokens survive forks, retirement and state writes; and with bf16 state the replay
+ * dtypes; pending tokens survive forks, retirement and state writes; and with bf16 state the fold
  * strategy ends at least as close to the never-rounded float64 run as the cache strategy.
  */
 #include <criterion/criterion.h>
@@ -12,7 +12,7 @@
 #include "scenario.h"
 #include "support.h"
 
-static scenario_result replay_scenario(gdn_verify_strategy strategy, gdn_dtype state_dtype, int32_t check_every,
+static scenario_result fold_scenario(gdn_verify_strategy strategy, gdn_dtype state_dtype, int32_t check_every,
                                        uint64_t seed)
 {
     scenario_options o = {.preset = "tiny", .backend = GDN_BACKEND_CPU, .graph_mode = GDN_GRAPHS_LAZY,
@@ -26,62 +26,62 @@ static scenario_result replay_scenario(gdn_verify_strategy strategy, gdn_dtype s
     return r;
 }
 
-Test(replay, scenario_fp32_state_read_every_step, .timeout = 300)
+Test(fold, scenario_fp32_state_read_every_step, .timeout = 300)
 {
-    scenario_result r = replay_scenario(GDN_VERIFY_REPLAY, GDN_DTYPE_F32, 1, 501);
-    cr_log_info("replay fp32, checked every step: worst state %.3f%%, output %.3f%% of tolerance", 100 * r.worst_state,
+    scenario_result r = fold_scenario(GDN_VERIFY_FOLD, GDN_DTYPE_F32, 1, 501);
+    cr_log_info("fold fp32, checked every step: worst state %.3f%%, output %.3f%% of tolerance", 100 * r.worst_state,
                 100 * r.worst_output);
 }
 
-Test(replay, scenario_fp32_state_folded_by_the_next_step, .timeout = 300)
+Test(fold, scenario_fp32_state_folded_by_the_next_step, .timeout = 300)
 {
-    scenario_result r = replay_scenario(GDN_VERIFY_REPLAY, GDN_DTYPE_F32, 7, 502);
-    cr_log_info("replay fp32, checked every 7 steps: worst state %.3f%%, output %.3f%% of tolerance", 100 * r.worst_state,
+    scenario_result r = fold_scenario(GDN_VERIFY_FOLD, GDN_DTYPE_F32, 7, 502);
+    cr_log_info("fold fp32, checked every 7 steps: worst state %.3f%%, output %.3f%% of tolerance", 100 * r.worst_state,
                 100 * r.worst_output);
 }
 
-Test(replay, scenario_bf16_state_folded_by_the_next_step, .timeout = 300)
+Test(fold, scenario_bf16_state_folded_by_the_next_step, .timeout = 300)
 {
-    scenario_result r = replay_scenario(GDN_VERIFY_REPLAY, GDN_DTYPE_BF16, 5, 503);
-    cr_log_info("replay bf16, checked every 5 steps: worst state %.3f%%, output %.3f%% of tolerance", 100 * r.worst_state,
+    scenario_result r = fold_scenario(GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 5, 503);
+    cr_log_info("fold bf16, checked every 5 steps: worst state %.3f%%, output %.3f%% of tolerance", 100 * r.worst_state,
                 100 * r.worst_output);
 }
 
-/* The large-batch scenario of the GPU suite (test_gpu_replay.c) on the CPU backend: 60 live requests,
+/* The large-batch scenario of the GPU suite (test_gpu_fold.c) on the CPU backend: 60 live requests,
  * buckets up to 64 rows of the qwen3-next geometry. */
-Test(replay, large_batches_match_the_host_model, .timeout = 300)
+Test(fold, large_batches_match_the_host_model, .timeout = 300)
 {
     scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CPU, .graph_mode = GDN_GRAPHS_LAZY,
-                          .state_dtype = GDN_DTYPE_F32, .strategy = GDN_VERIFY_REPLAY, .layers = 1, .steps = 8,
+                          .state_dtype = GDN_DTYPE_F32, .strategy = GDN_VERIFY_FOLD, .layers = 1, .steps = 8,
                           .num_slots = 80, .max_batch = 64, .max_tokens = 4, .check_every = 4, .min_live = 60,
                           .seed = 504};
     scenario_result r = run_scenario(&o);
     cr_assert_geq(r.largest_bucket, 32);
-    cr_log_info("replay qwen3-next, B <= 64: largest bucket %d, worst state %.3f%%, output %.3f%% of tolerance",
+    cr_log_info("fold qwen3-next, B <= 64: largest bucket %d, worst state %.3f%%, output %.3f%% of tolerance",
                 r.largest_bucket, 100 * r.worst_state, 100 * r.worst_output);
 }
 
-Test(replay, strategies_agree_and_replay_is_as_close_to_float64_with_bf16_state, .timeout = 300)
+Test(fold, strategies_agree_and_fold_is_as_close_to_float64_with_bf16_state, .timeout = 300)
 {
     /* The same seed gives both strategies the same requests, tokens and acceptances. */
-    scenario_result cache = replay_scenario(GDN_VERIFY_CACHE, GDN_DTYPE_BF16, 25, 504);
-    scenario_result replay = replay_scenario(GDN_VERIFY_REPLAY, GDN_DTYPE_BF16, 25, 504);
-    cr_assert_eq(cache.verify_steps, replay.verify_steps, "the two runs saw the same steps");
-    cr_assert_eq(cache.retired, replay.retired);
-    cr_log_info("bf16 state, RMS distance to the never-rounded float64 run: cache %.4g, replay %.4g",
-                cache.rms_vs_exact, replay.rms_vs_exact);
+    scenario_result cache = fold_scenario(GDN_VERIFY_CACHE, GDN_DTYPE_BF16, 25, 504);
+    scenario_result fold = fold_scenario(GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 25, 504);
+    cr_assert_eq(cache.verify_steps, fold.verify_steps, "the two runs saw the same steps");
+    cr_assert_eq(cache.retired, fold.retired);
+    cr_log_info("bf16 state, RMS distance to the never-rounded float64 run: cache %.4g, fold %.4g",
+                cache.rms_vs_exact, fold.rms_vs_exact);
     cr_assert_gt(cache.rms_vs_exact, 0.0, "bf16 storage rounds");
-    cr_assert_leq(replay.rms_vs_exact, cache.rms_vs_exact, "replay rounds once per step, the cache once per commit");
-    scenario_result cache32 = replay_scenario(GDN_VERIFY_CACHE, GDN_DTYPE_F32, 25, 505);
-    scenario_result replay32 = replay_scenario(GDN_VERIFY_REPLAY, GDN_DTYPE_F32, 25, 505);
+    cr_assert_leq(fold.rms_vs_exact, cache.rms_vs_exact, "fold rounds once per step, the cache once per commit");
+    scenario_result cache32 = fold_scenario(GDN_VERIFY_CACHE, GDN_DTYPE_F32, 25, 505);
+    scenario_result fold32 = fold_scenario(GDN_VERIFY_FOLD, GDN_DTYPE_F32, 25, 505);
     cr_assert_lt(cache32.rms_vs_exact, 1e-5);
-    cr_assert_lt(replay32.rms_vs_exact, 1e-5);
+    cr_assert_lt(fold32.rms_vs_exact, 1e-5);
 }
 
-Test(replay, pending_tokens_are_folded_before_a_read_and_dropped_by_a_write)
+Test(fold, pending_tokens_are_folded_before_a_read_and_dropped_by_a_write)
 {
     gdn_engine_config c = test_config("tiny", 2, GDN_DTYPE_F32, 4, 2, 3);
-    c.verify_strategy = GDN_VERIFY_REPLAY;
+    c.verify_strategy = GDN_VERIFY_FOLD;
     test_rng rng = test_rng_seeded(9);
     float *params;
     gdn_engine *e = test_engine_create(&c, &rng, &params);
@@ -137,10 +137,10 @@ Test(replay, pending_tokens_are_folded_before_a_read_and_dropped_by_a_write)
     gdn_engine_destroy(e);
 }
 
-Test(replay, a_freed_slot_does_not_hand_its_pending_tokens_to_the_next_request)
+Test(fold, a_freed_slot_does_not_hand_its_pending_tokens_to_the_next_request)
 {
     gdn_engine_config c = test_config("tiny", 1, GDN_DTYPE_F32, 2, 1, 3);
-    c.verify_strategy = GDN_VERIFY_REPLAY;
+    c.verify_strategy = GDN_VERIFY_FOLD;
     test_rng rng = test_rng_seeded(12);
     float *params;
     gdn_engine *e = test_engine_create(&c, &rng, &params);

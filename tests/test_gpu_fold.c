@@ -1,8 +1,8 @@
 /*
- * The replay verify strategy's CUDA path: the same random scenarios as on the CPU backend (random
+ * The fold verify strategy's CUDA path: the same random scenarios as on the CPU backend (random
  * acceptance including 0 and T, retirement, padding, states read back) against the host model with
- * the replay rounding points, for both strategies and both state dtypes, and the bf16 closeness
- * comparison (replay rounds once per step, so it must not end farther from the float64 run). The ring
+ * the fold rounding points, for both strategies and both state dtypes, and the bf16 closeness
+ * comparison (fold rounds once per step, so it must not end farther from the float64 run). The ring
  * strategy's CUDA path: the same scenarios with rings of 4 to 32 records (the host model writes back
  * where the engine must, and the raw pools are compared with it before every read), T up to 16 for
  * K = 64, 128 and 256, large batches, and the directed checks of ring_checks.c (write-back points,
@@ -19,7 +19,7 @@
 
 #ifdef GDN_HAVE_CUDA
 
-Test(gpu_replay, both_strategies_match_the_host_model, .timeout = 900)
+Test(gpu_fold, both_strategies_match_the_host_model, .timeout = 900)
 {
     test_require_gpu();
     const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
@@ -27,28 +27,28 @@ Test(gpu_replay, both_strategies_match_the_host_model, .timeout = 900)
     for (int d = 0; d < 2; d++) {
         for (int strategy = 0; strategy < 2; strategy++) {
             scenario_options o = {.preset = "tiny", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
-                                  .state_dtype = dtypes[d], .strategy = strategy ? GDN_VERIFY_REPLAY : GDN_VERIFY_CACHE,
+                                  .state_dtype = dtypes[d], .strategy = strategy ? GDN_VERIFY_FOLD : GDN_VERIFY_CACHE,
                                   .layers = 3, .steps = 200, .num_slots = 24, .max_batch = 16, .max_tokens = 4,
                                   .check_every = 5, .seed = 700 + (uint64_t)d};
             scenario_result r = run_scenario(&o);
             rms[d][strategy] = r.rms_vs_exact;
             cr_log_info("tiny %s %s: worst state %.1f%%, output %.1f%% of tolerance, RMS to float64 %.4g",
-                        d ? "bf16" : "fp32", strategy ? "replay" : "cache", 100 * r.worst_state, 100 * r.worst_output,
+                        d ? "bf16" : "fp32", strategy ? "fold" : "cache", 100 * r.worst_state, 100 * r.worst_output,
                         r.rms_vs_exact);
         }
         scenario_options q = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
-                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_REPLAY, .layers = 2, .steps = 30,
+                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_FOLD, .layers = 2, .steps = 30,
                               .num_slots = 24, .max_batch = 16, .max_tokens = 4, .check_every = 3, .seed = 710 + (uint64_t)d};
         const scenario_result large = run_scenario(&q);
-        /* Bucket 16 of qwen3-next: the fp32 replay kernel runs two row sets per CTA there. */
+        /* Bucket 16 of qwen3-next: the fp32 fold kernel runs two row sets per CTA there. */
         cr_assert_geq(large.largest_bucket, 16);
     }
-    cr_assert_leq(rms[1][1], rms[1][0] * 1.02, "bf16: replay %.4g vs cache %.4g from the float64 run", rms[1][1], rms[1][0]);
+    cr_assert_leq(rms[1][1], rms[1][0] * 1.02, "bf16: fold %.4g vs cache %.4g from the float64 run", rms[1][1], rms[1][0]);
 }
 
-/* Verify steps of up to 16 tokens after up to 16 accepted ones: the replay kernel's longest chunks
+/* Verify steps of up to 16 tokens after up to 16 accepted ones: the fold kernel's longest chunks
  * (32 tokens in a verify, 17 in a decode), for K = 64, 128 and 256. */
-Test(gpu_replay, sixteen_token_verifies_match_the_host_model, .timeout = 900)
+Test(gpu_fold, sixteen_token_verifies_match_the_host_model, .timeout = 900)
 {
     test_require_gpu();
     const char *presets[] = {"tiny", "qwen3-next", "wide"};
@@ -56,7 +56,7 @@ Test(gpu_replay, sixteen_token_verifies_match_the_host_model, .timeout = 900)
     for (int pi = 0; pi < 3; pi++)
         for (int d = 0; d < 2; d++) {
             scenario_options o = {.preset = presets[pi], .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
-                                  .state_dtype = dtypes[d], .strategy = GDN_VERIFY_REPLAY, .layers = 2,
+                                  .state_dtype = dtypes[d], .strategy = GDN_VERIFY_FOLD, .layers = 2,
                                   .steps = pi == 1 ? 20 : 40, .num_slots = 16, .max_batch = 8, .max_tokens = GDN_MAX_TOKENS,
                                   .check_every = 4, .seed = 720 + (uint64_t)(2 * pi + d)};
             scenario_result r = run_scenario(&o);
@@ -67,15 +67,15 @@ Test(gpu_replay, sixteen_token_verifies_match_the_host_model, .timeout = 900)
         }
 }
 
-/* Batches of up to 64 rows: the replay kernel's launches with three and four row sets per CTA (the
+/* Batches of up to 64 rows: the fold kernel's launches with three and four row sets per CTA (the
  * next set's state staged in shared memory while the current one runs) only happen on large grids. */
-Test(gpu_replay, large_batches_match_the_host_model, .timeout = 900)
+Test(gpu_fold, large_batches_match_the_host_model, .timeout = 900)
 {
     test_require_gpu();
     const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
     for (int d = 0; d < 2; d++) {
         scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
-                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_REPLAY, .layers = 1, .steps = 40,
+                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_FOLD, .layers = 1, .steps = 40,
                               .num_slots = 80, .max_batch = 64, .max_tokens = 4, .check_every = 4,
                               .min_live = 60, .seed = 730 + (uint64_t)d};
         scenario_result r = run_scenario(&o);
@@ -90,7 +90,7 @@ Test(gpu_replay, large_batches_match_the_host_model, .timeout = 900)
  * that fill and write back in the kernels (states read every 5 or 20 steps; longer requests for the
  * longer ring), and with bf16 state the ring must not end farther from the float64 run than the cache
  * strategy on the same requests. */
-Test(gpu_replay, ring_matches_the_host_model, .timeout = 900)
+Test(gpu_fold, ring_matches_the_host_model, .timeout = 900)
 {
     test_require_gpu();
     const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
@@ -120,7 +120,7 @@ Test(gpu_replay, ring_matches_the_host_model, .timeout = 900)
 /* Verifies of up to 16 tokens with rings of 4 (capacity 16: a verify may leave more records than
  * ring_length, written back by the next decode) and 32 (the longest ring, filled by long requests), for
  * K = 64, 128 and 256; each preset runs one ring length per state dtype. */
-Test(gpu_replay, ring_sixteen_token_verifies_match_the_host_model, .timeout = 900)
+Test(gpu_fold, ring_sixteen_token_verifies_match_the_host_model, .timeout = 900)
 {
     test_require_gpu();
     const char *presets[] = {"tiny", "qwen3-next", "wide"};
@@ -147,7 +147,7 @@ Test(gpu_replay, ring_sixteen_token_verifies_match_the_host_model, .timeout = 90
 }
 
 /* Batches of up to 64 rows of qwen3-next with the ring strategy (large grids). */
-Test(gpu_replay, ring_large_batches_match_the_host_model, .timeout = 900)
+Test(gpu_fold, ring_large_batches_match_the_host_model, .timeout = 900)
 {
     test_require_gpu();
     const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
@@ -172,7 +172,7 @@ Test(gpu_replay, ring_large_batches_match_the_host_model, .timeout = 900)
 /* The ring strategy's step path allocates neither host memory of the library's nor device memory, with
  * every graph captured at creation: verifies that do not fit and their commits, decodes that fill and
  * write back rings, and steps after a slot with records was freed and handed out again. */
-Test(gpu_replay, ring_no_allocation_after_creation, .timeout = 300)
+Test(gpu_fold, ring_no_allocation_after_creation, .timeout = 300)
 {
     test_require_gpu();
     gdn_engine_config c = test_config("qwen3-next", 2, GDN_DTYPE_BF16, 40, 32, 4);
@@ -218,43 +218,43 @@ Test(gpu_replay, ring_no_allocation_after_creation, .timeout = 300)
 }
 
 /* The directed checks of the CPU suite (test_ring.c) on the CUDA backend. */
-Test(gpu_replay, ring_write_back_points_are_exact)
+Test(gpu_fold, ring_write_back_points_are_exact)
 {
     test_require_gpu();
     ring_check_write_back_points_are_exact(GDN_BACKEND_CUDA);
 }
 
-Test(gpu_replay, ring_a_read_in_the_middle_of_a_ring_returns_the_current_state)
+Test(gpu_fold, ring_a_read_in_the_middle_of_a_ring_returns_the_current_state)
 {
     test_require_gpu();
     ring_check_a_read_in_the_middle_of_a_ring_returns_the_current_state(GDN_BACKEND_CUDA);
 }
 
-Test(gpu_replay, ring_a_write_in_the_middle_of_a_ring_replaces_it)
+Test(gpu_fold, ring_a_write_in_the_middle_of_a_ring_replaces_it)
 {
     test_require_gpu();
     ring_check_a_write_in_the_middle_of_a_ring_replaces_it(GDN_BACKEND_CUDA);
 }
 
-Test(gpu_replay, ring_reset_and_free_in_the_middle_of_a_ring)
+Test(gpu_fold, ring_reset_and_free_in_the_middle_of_a_ring)
 {
     test_require_gpu();
     ring_check_reset_and_free_in_the_middle_of_a_ring(GDN_BACKEND_CUDA);
 }
 
-Test(gpu_replay, ring_a_verify_that_does_not_fit_writes_back_first)
+Test(gpu_fold, ring_a_verify_that_does_not_fit_writes_back_first)
 {
     test_require_gpu();
     ring_check_a_verify_that_does_not_fit_writes_back_first(GDN_BACKEND_CUDA);
 }
 
-Test(gpu_replay, ring_forks_write_back_into_the_new_slot)
+Test(gpu_fold, ring_forks_write_back_into_the_new_slot)
 {
     test_require_gpu();
     ring_check_forks_write_back_into_the_new_slot(GDN_BACKEND_CUDA);
 }
 
-Test(gpu_replay, ring_slots_outside_the_step_and_padding_rows_are_bit_exact)
+Test(gpu_fold, ring_slots_outside_the_step_and_padding_rows_are_bit_exact)
 {
     test_require_gpu();
     ring_check_slots_outside_the_step_and_padding_rows_are_bit_exact(GDN_BACKEND_CUDA);
@@ -262,7 +262,7 @@ Test(gpu_replay, ring_slots_outside_the_step_and_padding_rows_are_bit_exact)
 
 #else /* no CUDA in this build: one test that says so by skipping */
 
-Test(gpu_replay, skipped_without_cuda)
+Test(gpu_fold, skipped_without_cuda)
 {
     test_require_gpu();
     cr_assert_fail("a build without CUDA cannot have a usable GPU");
