@@ -736,12 +736,11 @@ static gdn_status step_work(gdn_engine *e, gdn_step_kind kind, int32_t tokens, i
     return GDN_OK;
 }
 
-/* Captures and instantiates the graph of `key` into its table entry. */
-static gdn_status capture_graph(gdn_engine *e, const gdn__graph_key *key, int32_t bucket_index)
+/* Records the work of `key`'s shape and instantiates it into `entry` (graph_cache.h's capture). */
+static gdn_status capture_graph(void *ctx, const gdn__graph_key *key, gdn__graph_entry *entry)
 {
+    gdn_engine *e = ctx;
     const gdn__backend_iface *b = e->backend.iface;
-    gdn__graph_entry *entry = gdn__graph_cache_slot(&e->graphs, key, bucket_index);
-    if (!entry) return GDN_EINVAL;
     void *capture_stream = NULL;
     gdn_status status = b->capture_begin(e->backend.ctx, &capture_stream);
     if (status != GDN_OK) return status;
@@ -763,7 +762,6 @@ static gdn_status capture_graph(gdn_engine *e, const gdn__graph_key *key, int32_
     gdn_status end_status = b->capture_end(e->backend.ctx, status == GDN_OK, &graph);
     if (status != GDN_OK) return status;
     if (end_status != GDN_OK) return end_status;
-    entry->key = *key;
     entry->exec = graph;
     entry->includes_commit = e->capture_committed;
     return GDN_OK;
@@ -773,19 +771,7 @@ static gdn_status capture_graph(gdn_engine *e, const gdn__graph_key *key, int32_
 static gdn_status capture_all_graphs(gdn_engine *e)
 {
     const gdn_engine_config *c = &e->config;
-    const int32_t total = c->num_buckets * (1 + 2 * c->max_tokens);
-    int32_t done = 0;
-    for (int32_t bi = 0; bi < c->num_buckets; bi++) {
-        for (int32_t column = 0; column <= 2 * c->max_tokens; column++) {
-            const int32_t kind = column == 0 ? GDN_STEP_DECODE : (column <= c->max_tokens ? GDN_STEP_VERIFY : GDN__GRAPH_COMMIT);
-            const int32_t tokens = column == 0 ? 1 : (column <= c->max_tokens ? column : column - c->max_tokens);
-            const gdn__graph_key key = gdn__graph_key_make(kind, tokens, c->buckets[bi]);
-            gdn_status status = capture_graph(e, &key, bi);
-            if (status != GDN_OK) return status;
-            if (c->graph_progress) c->graph_progress(c->graph_progress_user, ++done, total);
-        }
-    }
-    return GDN_OK;
+    return gdn__graph_cache_capture_all(&e->graphs, c->buckets, capture_graph, e, c->graph_progress, c->graph_progress_user);
 }
 
 gdn_status gdn_engine_run_step(gdn_engine *e, void *stream)
@@ -807,13 +793,10 @@ gdn_status gdn_engine_run_step(gdn_engine *e, void *stream)
         return status;
     }
     const gdn__graph_key key = gdn__graph_key_make(st->kind, st->tokens, st->bucket);
-    gdn__graph_entry *entry = gdn__graph_cache_find(&e->graphs, &key, st->bucket_index);
-    if (!entry) {
-        gdn_status status = capture_graph(e, &key, st->bucket_index);
-        if (status != GDN_OK) return status;
-        entry = gdn__graph_cache_find(&e->graphs, &key, st->bucket_index);
-    }
-    gdn_status status = enqueued_on(e, stream, e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream));
+    gdn__graph_entry *entry = NULL;
+    gdn_status status = gdn__graph_cache_get(&e->graphs, &key, st->bucket_index, capture_graph, e, &entry);
+    if (status != GDN_OK) return status;
+    status = enqueued_on(e, stream, e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream));
     if (status != GDN_OK) return status;
     rows_consumed(e); /* the graph's first nodes fetched them */
     st->rows_fetched = 1;
@@ -841,13 +824,10 @@ gdn_status gdn_engine_commit(gdn_engine *e, void *stream)
     if (caller_capturing(e, stream)) return GDN_EMISUSE;
     if (e->step.batch > 0 && e->use_graphs) { /* a one-node graph: cheaper to launch than the kernel */
         const gdn__graph_key key = gdn__graph_key_make(GDN__GRAPH_COMMIT, e->step.tokens, e->step.bucket);
-        gdn__graph_entry *entry = gdn__graph_cache_find(&e->graphs, &key, e->step.bucket_index);
-        if (!entry) {
-            gdn_status status = capture_graph(e, &key, e->step.bucket_index);
-            if (status != GDN_OK) return status;
-            entry = gdn__graph_cache_find(&e->graphs, &key, e->step.bucket_index);
-        }
-        gdn_status status = enqueued_on(e, stream, e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream));
+        gdn__graph_entry *entry = NULL;
+        gdn_status status = gdn__graph_cache_get(&e->graphs, &key, e->step.bucket_index, capture_graph, e, &entry);
+        if (status != GDN_OK) return status;
+        status = enqueued_on(e, stream, e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream));
         if (status != GDN_OK) return status;
     } else if (e->step.batch > 0) {
         const gdn__commit_params p = commit_params(e, e->step.tokens, e->step.bucket);

@@ -54,3 +54,50 @@ gdn__graph_entry *gdn__graph_cache_find(gdn__graph_cache *cache, const gdn__grap
     if (!entry || !entry->exec || memcmp(&entry->key, key, sizeof *key) != 0) return NULL;
     return entry;
 }
+
+/* Captures `key` into its entry, which holds the key and handle only once the capture succeeded. */
+static gdn_status capture_into(gdn__graph_cache *cache, const gdn__graph_key *key, int32_t bucket_index,
+                               gdn__graph_capture_fn capture, void *ctx)
+{
+    gdn__graph_entry *entry = gdn__graph_cache_slot(cache, key, bucket_index);
+    if (!entry) return GDN_EINVAL;
+    gdn__graph_entry captured;
+    memset(&captured, 0, sizeof captured);
+    gdn_status status = capture(ctx, key, &captured);
+    if (status != GDN_OK) return status;
+    captured.key = *key;
+    *entry = captured;
+    return GDN_OK;
+}
+
+gdn_status gdn__graph_cache_get(gdn__graph_cache *cache, const gdn__graph_key *key, int32_t bucket_index,
+                                gdn__graph_capture_fn capture, void *ctx, gdn__graph_entry **out)
+{
+    gdn__graph_entry *entry = gdn__graph_cache_find(cache, key, bucket_index);
+    if (!entry) {
+        gdn_status status = capture_into(cache, key, bucket_index, capture, ctx);
+        if (status != GDN_OK) return status;
+        entry = gdn__graph_cache_find(cache, key, bucket_index);
+    }
+    *out = entry;
+    return GDN_OK;
+}
+
+gdn_status gdn__graph_cache_capture_all(gdn__graph_cache *cache, const int32_t *buckets, gdn__graph_capture_fn capture,
+                                        void *ctx, void (*progress)(void *user, int32_t done, int32_t total),
+                                        void *progress_user)
+{
+    const int32_t columns = 1 + 2 * cache->max_tokens, total = cache->num_buckets * columns;
+    int32_t done = 0;
+    for (int32_t bi = 0; bi < cache->num_buckets; bi++) {
+        for (int32_t column = 0; column < columns; column++) {
+            const int32_t kind = column == 0 ? GDN_STEP_DECODE : (column <= cache->max_tokens ? GDN_STEP_VERIFY : GDN__GRAPH_COMMIT);
+            const int32_t tokens = column == 0 ? 1 : (column <= cache->max_tokens ? column : column - cache->max_tokens);
+            const gdn__graph_key key = gdn__graph_key_make(kind, tokens, buckets[bi]);
+            gdn_status status = capture_into(cache, &key, bi, capture, ctx);
+            if (status != GDN_OK) return status;
+            if (progress) progress(progress_user, ++done, total);
+        }
+    }
+    return GDN_OK;
+}

@@ -50,4 +50,18 @@ gdn__graph_entry *gdn__graph_cache_slot(gdn__graph_cache *cache, const gdn__grap
  * key). */
 gdn__graph_entry *gdn__graph_cache_find(gdn__graph_cache *cache, const gdn__graph_key *key, int32_t bucket_index);
 
+/* Records and instantiates the graph of `key` into `entry` (the engine's work for that shape). */
+typedef gdn_status (*gdn__graph_capture_fn)(void *ctx, const gdn__graph_key *key, gdn__graph_entry *entry);
+
+/* The graph of `key`: found in the table, or captured into it first (lazy capture). GDN_EINVAL for
+ * a key outside the table; the capture's status when it fails (the entry stays empty). */
+gdn_status gdn__graph_cache_get(gdn__graph_cache *cache, const gdn__graph_key *key, int32_t bucket_index,
+                                gdn__graph_capture_fn capture, void *ctx, gdn__graph_entry **out);
+
+/* Captures every entry of the table (GDN_GRAPHS_AT_CREATE): for each bucket, the decode step, the
+ * verify step of each T and the commit of each T; progress (may be NULL) after each. */
+gdn_status gdn__graph_cache_capture_all(gdn__graph_cache *cache, const int32_t *buckets, gdn__graph_capture_fn capture,
+                                        void *ctx, void (*progress)(void *user, int32_t done, int32_t total),
+                                        void *progress_user);
+
 #endif /* GDN_GRAPHS_GRAPH_CACHE_H */
