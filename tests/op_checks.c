@@ -31,6 +31,8 @@ static void *backend_alloc(gdn__backend *be, size_t bytes)
 {
     void *p = NULL;
     cr_assert_eq(be->iface->alloc(be->ctx, bytes, &p), GDN_OK);
+    /* CUDA zero-fills on the backend's private (non-blocking) stream: done before any upload lands. */
+    cr_assert_eq(be->iface->synchronize(be->ctx, NULL), GDN_OK);
     return p;
 }
 static void upload(gdn__backend *be, void *dst, const void *src, size_t bytes)
@@ -301,4 +303,269 @@ void op_check_views(gdn_backend_kind backend, const char *preset, gdn_verify_str
     if (count == 4) cr_log_info("worst GPU error: outputs %.3f, states %.3f of the tolerance", worst_out, worst_state);
     free(q), free(k), free(v), free(a), free(b), free(poison), free(pool0);
     for (int n = 0; n < count; n++) free_instance(&inst[n]);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Flush and slot operations                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The tiny preset (HK 2, HV 4, K = V = 64) over an F32 pool of WORK_SLOTS slots. */
+enum {
+    WORK_SLOTS = 8, WORK_ROWS = 3, WORK_T = 2, WORK_HK = 2, WORK_HV = 4, WORK_D = 64,
+    WORK_STATE = WORK_HV * WORK_D * WORK_D, WORK_SLOT_BYTES = WORK_STATE * 4
+};
+
+/* The op's buffers, all in the backend's memory (device memory on CUDA). LIST holds the slot lists
+ * that flush reads (up to WORK_ROWS + 1 entries, so that a refused count reads nothing out of it). */
+enum { W_Q, W_K, W_V, W_A, W_B, W_OUT, W_POOL, W_PARAMS, W_ROWS, W_ACCEPTED, W_LIST, W_BUFFERS };
+static const size_t work_bytes[W_BUFFERS] = {
+    [W_Q] = 2 * WORK_ROWS * WORK_T * WORK_HK * WORK_D, [W_K] = 2 * WORK_ROWS * WORK_T * WORK_HK * WORK_D,
+    [W_V] = 2 * WORK_ROWS * WORK_T * WORK_HV * WORK_D, [W_A] = 2 * WORK_ROWS * WORK_T * WORK_HV,
+    [W_B] = 2 * WORK_ROWS * WORK_T * WORK_HV,          [W_OUT] = 4 * WORK_ROWS * WORK_T * WORK_HV * WORK_D,
+    [W_POOL] = (size_t)WORK_SLOTS * WORK_SLOT_BYTES,   [W_PARAMS] = 4 * 2 * WORK_HV,
+    [W_ROWS] = 4 * WORK_ROWS,                          [W_ACCEPTED] = 4 * WORK_ROWS,
+    [W_LIST] = 4 * (WORK_ROWS + 1),
+};
+
+typedef struct work_op {
+    gdn__backend be;
+    gdn_op_layer op;
+    void *mem[W_BUFFERS];
+    void *workspace;
+    size_t workspace_bytes;
+} work_op;
+
+static void work_backend(gdn__backend *be, gdn_backend_kind kind)
+{
+    if (kind == GDN_BACKEND_CPU) cr_assert_eq(gdn__backend_cpu_create(4096, be), GDN_OK);
+    else cr_assert_eq(gdn__backend_cuda_create(0, 4096, be), GDN_OK, "CUDA backend");
+}
+
+/* Points the op's fields at the work op's buffers. */
+static void work_point(work_op *w)
+{
+    gdn_op_layer *op = &w->op;
+    op->q = (gdn_view){w->mem[W_Q], 0, 0, 0}, op->k = (gdn_view){w->mem[W_K], 0, 0, 0};
+    op->v = (gdn_view){w->mem[W_V], 0, 0, 0}, op->a = (gdn_view){w->mem[W_A], 0, 0, 0};
+    op->b = (gdn_view){w->mem[W_B], 0, 0, 0}, op->o = (gdn_view){w->mem[W_OUT], 0, 0, 0};
+    op->A_log = w->mem[W_PARAMS], op->dt_bias = (const float *)w->mem[W_PARAMS] + WORK_HV;
+    op->pool = (gdn_state_pool){w->mem[W_POOL], GDN_DTYPE_F32, WORK_SLOTS, WORK_STATE};
+    op->read_slots = w->mem[W_ROWS];
+    op->workspace = w->workspace;
+}
+
+/* A tiny op over `backend` memory whose slots 0..2 have pending work (two verify + commit steps);
+ * the same seed draws the same pool, parameters and inputs on every backend. */
+static work_op *make_work_op(gdn_backend_kind backend, gdn_verify_strategy strategy, uint64_t seed)
+{
+    work_op *w = calloc(1, sizeof *w);
+    cr_assert_not_null(w);
+    work_backend(&w->be, backend);
+    gdn_op_layer *op = &w->op;
+    cr_assert_eq(gdn_model_preset("tiny", 1, &op->model), GDN_OK);
+    cr_assert(op->model.num_k_heads == WORK_HK && op->model.num_v_heads == WORK_HV && op->model.head_dim_k == WORK_D &&
+              op->model.head_dim_v == WORK_D, "the tiny preset changed");
+    op->backend = backend, op->input_dtype = GDN_DTYPE_BF16, op->output_dtype = GDN_DTYPE_F32;
+    op->kind = GDN_STEP_VERIFY, op->tokens = WORK_T, op->batch = WORK_ROWS;
+    op->strategy = strategy, op->max_batch = WORK_ROWS, op->max_tokens = WORK_T, op->ring_length = 6;
+    for (int n = 0; n < W_BUFFERS; n++) w->mem[n] = backend_alloc(&w->be, work_bytes[n]);
+    work_point(w); /* the pool's shape first: the workspace depends on it */
+    w->workspace_bytes = gdn_op_workspace_bytes(op);
+    cr_assert_gt(w->workspace_bytes, 0);
+    w->workspace = backend_alloc(&w->be, w->workspace_bytes); /* zero-filled */
+    op->workspace = w->workspace;
+
+    test_rng rng = test_rng_seeded(seed);
+    float *pool = malloc(work_bytes[W_POOL]), params[2 * WORK_HV];
+    for (size_t e = 0; e < work_bytes[W_POOL] / 4; e++) pool[e] = (float)(0.1 * test_rng_normal(&rng));
+    for (int h = 0; h < 2 * WORK_HV; h++) params[h] = (float)(0.1 * test_rng_normal(&rng));
+    upload(&w->be, w->mem[W_POOL], pool, work_bytes[W_POOL]);
+    upload(&w->be, w->mem[W_PARAMS], params, sizeof params);
+    free(pool);
+    int32_t rows[WORK_ROWS], accepted[WORK_ROWS];
+    for (int i = 0; i < WORK_ROWS; i++) rows[i] = i, accepted[i] = 1 + i % 2;
+    upload(&w->be, w->mem[W_ROWS], rows, sizeof rows);
+    upload(&w->be, w->mem[W_ACCEPTED], accepted, sizeof accepted);
+    uint16_t *q = malloc(work_bytes[W_Q]), *k = malloc(work_bytes[W_K]), *v = malloc(work_bytes[W_V]);
+    uint16_t *a = malloc(work_bytes[W_A]), *b = malloc(work_bytes[W_B]);
+    for (int step = 0; step < 2; step++) {
+        for (size_t e = 0; e < work_bytes[W_Q] / 2; e++)
+            q[e] = gdn__f32_to_bf16((float)test_rng_normal(&rng)), k[e] = gdn__f32_to_bf16((float)test_rng_normal(&rng));
+        for (size_t e = 0; e < work_bytes[W_V] / 2; e++) v[e] = gdn__f32_to_bf16((float)test_rng_normal(&rng));
+        for (size_t e = 0; e < work_bytes[W_A] / 2; e++)
+            a[e] = gdn__f32_to_bf16((float)(0.1 * test_rng_normal(&rng))),
+            b[e] = gdn__f32_to_bf16((float)(0.1 * test_rng_normal(&rng)));
+        /* The uploads synchronise: the previous step has read its inputs before they are replaced. */
+        upload(&w->be, w->mem[W_Q], q, work_bytes[W_Q]), upload(&w->be, w->mem[W_K], k, work_bytes[W_K]);
+        upload(&w->be, w->mem[W_V], v, work_bytes[W_V]);
+        upload(&w->be, w->mem[W_A], a, work_bytes[W_A]), upload(&w->be, w->mem[W_B], b, work_bytes[W_B]);
+        cr_assert_eq(gdn_op_layer_step(op, NULL), GDN_OK, "step %d", step);
+        cr_assert_eq(gdn_op_commit(op, w->mem[W_ACCEPTED], NULL), GDN_OK, "commit %d", step);
+    }
+    cr_assert_eq(w->be.iface->synchronize(w->be.ctx, NULL), GDN_OK, "the steps ran: %s", w->be.iface->last_error(w->be.ctx));
+    free(q), free(k), free(v), free(a), free(b);
+    return w;
+}
+
+/* A host copy of `bytes` bytes of the work op's memory at `src`. */
+static void *work_read(work_op *w, const void *src, size_t bytes)
+{
+    void *host = malloc(bytes);
+    cr_assert_not_null(host);
+    download(&w->be, host, src, bytes);
+    return host;
+}
+
+/* A second op on its own backend of the same kind, every buffer and the workspace copied. */
+static work_op *clone_work_op(work_op *w)
+{
+    work_op *c = calloc(1, sizeof *c);
+    cr_assert_not_null(c);
+    work_backend(&c->be, w->op.backend);
+    c->op = w->op;
+    c->workspace_bytes = w->workspace_bytes;
+    for (int n = 0; n <= W_BUFFERS; n++) {
+        void **dst = n < W_BUFFERS ? &c->mem[n] : &c->workspace, *src = n < W_BUFFERS ? w->mem[n] : w->workspace;
+        const size_t bytes = n < W_BUFFERS ? work_bytes[n] : w->workspace_bytes;
+        void *host = work_read(w, src, bytes);
+        *dst = backend_alloc(&c->be, bytes);
+        upload(&c->be, *dst, host, bytes);
+        free(host);
+    }
+    work_point(c);
+    return c;
+}
+
+static void free_work_op(work_op *w)
+{
+    for (int n = 0; n < W_BUFFERS; n++) w->be.iface->free(w->be.ctx, w->mem[n]);
+    w->be.iface->free(w->be.ctx, w->workspace);
+    w->be.iface->destroy(w->be.ctx);
+    free(w);
+}
+
+/* Backend memory: slot `slot` of the pool; the flush list, holding `count` slots. */
+static void *work_slot(const work_op *w, int32_t slot) { return (char *)w->mem[W_POOL] + (size_t)slot * WORK_SLOT_BYTES; }
+static const int32_t *work_list(work_op *w, const int32_t *slots, int32_t count)
+{
+    upload(&w->be, w->mem[W_LIST], slots, sizeof(int32_t) * (size_t)count);
+    return w->mem[W_LIST];
+}
+
+/* Exact comparison of two slots' states (host copies of backend memory). */
+static int work_slots_equal(work_op *x, int32_t sx, work_op *y, int32_t sy)
+{
+    void *a = work_read(x, work_slot(x, sx), WORK_SLOT_BYTES), *b = work_read(y, work_slot(y, sy), WORK_SLOT_BYTES);
+    const int equal = memcmp(a, b, WORK_SLOT_BYTES) == 0;
+    free(a), free(b);
+    return equal;
+}
+
+/* |gpu - cpu| within SPEC 4 (fp32 state) over `n` floats: the ratio to the tolerance. */
+static double work_error_ratio(const float *gpu, const float *cpu, size_t n, double abs_tol, double rel_tol)
+{
+    double *g = malloc(n * sizeof(double)), *c = malloc(n * sizeof(double));
+    for (size_t e = 0; e < n; e++) g[e] = gpu[e], c[e] = cpu[e];
+    const double r = test_error_ratio(g, c, n, abs_tol, rel_tol);
+    free(g), free(c);
+    return r;
+}
+
+void op_check_slot_ops(gdn_backend_kind backend, gdn_verify_strategy strategy, uint64_t seed)
+{
+    work_op *w = make_work_op(backend, strategy, seed);
+    work_op *twin = clone_work_op(w);
+    const int32_t one[1] = {1}, pair[2] = {2, 6}, rest[2] = {0, 2};
+    void *buf = backend_alloc(&w->be, WORK_SLOT_BYTES), *back = backend_alloc(&w->be, WORK_SLOT_BYTES);
+
+    /* export = the state after a flush of that slot (the twin flushes it explicitly). */
+    cr_assert_eq(gdn_op_slot_export(&w->op, 1, buf, NULL), GDN_OK);
+    cr_assert_eq(gdn_op_flush(&twin->op, work_list(twin, one, 1), 1, NULL), GDN_OK);
+    float *exported = work_read(w, buf, WORK_SLOT_BYTES), *flushed = work_read(twin, work_slot(twin, 1), WORK_SLOT_BYTES);
+    cr_assert_eq(memcmp(exported, flushed, WORK_SLOT_BYTES), 0, "export of slot 1");
+    free(exported), free(flushed);
+
+    /* copy carries the pending work: flushing both gives the same state. */
+    cr_assert_eq(gdn_op_slot_copy(&w->op, 6, 2, NULL), GDN_OK);
+    cr_assert_eq(gdn_op_flush(&w->op, work_list(w, pair, 2), 2, NULL), GDN_OK);
+    cr_assert(work_slots_equal(w, 6, w, 2), "copy then flush");
+    if (strategy != GDN_VERIFY_CACHE) /* and the flush did change it: there was work pending */
+        cr_assert(!work_slots_equal(w, 2, twin, 2), "slot 2 had no pending work");
+
+    /* import drops the pending work; export returns exactly what was imported; reset gives zeros. */
+    float *pattern = malloc(WORK_SLOT_BYTES), *got;
+    for (int i = 0; i < WORK_STATE; i++) pattern[i] = (float)(0.001 * (i % 1013));
+    upload(&w->be, buf, pattern, WORK_SLOT_BYTES);
+    cr_assert_eq(gdn_op_slot_import(&w->op, 0, buf, NULL), GDN_OK);
+    cr_assert_eq(gdn_op_slot_export(&w->op, 0, back, NULL), GDN_OK);
+    got = work_read(w, back, WORK_SLOT_BYTES);
+    cr_assert_eq(memcmp(got, pattern, WORK_SLOT_BYTES), 0, "import then export");
+    free(got);
+    cr_assert_eq(gdn_op_slot_reset(&w->op, 0, NULL), GDN_OK);
+    cr_assert_eq(gdn_op_slot_export(&w->op, 0, back, NULL), GDN_OK);
+    got = work_read(w, back, WORK_SLOT_BYTES);
+    for (int i = 0; i < WORK_STATE; i++) cr_assert_eq(got[i], 0.0f, "reset then export, element %d", i);
+    free(got), free(pattern);
+
+    if (backend == GDN_BACKEND_CUDA) { /* the GPU against the float64 reference: the same scenario on the CPU */
+        work_op *cpu = make_work_op(GDN_BACKEND_CPU, strategy, seed);
+        const int32_t all[3] = {0, 1, 2};
+        cr_assert_eq(gdn_op_flush(&cpu->op, work_list(cpu, all, 3), 3, NULL), GDN_OK);
+        cr_assert_eq(gdn_op_flush(&twin->op, work_list(twin, rest, 2), 2, NULL), GDN_OK); /* slot 1 already is */
+        const gdn__tolerance t = gdn__spec4_tolerance(GDN_DTYPE_F32);
+        float *g_pool = work_read(twin, twin->mem[W_POOL], work_bytes[W_POOL]);
+        float *c_pool = work_read(cpu, cpu->mem[W_POOL], work_bytes[W_POOL]);
+        const double rs = work_error_ratio(g_pool, c_pool, work_bytes[W_POOL] / 4, t.state_abs, t.state_rel);
+        cr_assert_leq(rs, 1.0, "flushed GPU pool off by %.3g of the tolerance", rs);
+        /* the slot that w copied and flushed on the GPU: the CPU's flushed slot 2 */
+        float *g_copy = work_read(w, work_slot(w, 6), WORK_SLOT_BYTES);
+        const double rc = work_error_ratio(g_copy, c_pool + 2 * (size_t)WORK_STATE, WORK_STATE, t.state_abs, t.state_rel);
+        cr_assert_leq(rc, 1.0, "copied and flushed GPU slot off by %.3g of the tolerance", rc);
+        float *g_out = work_read(twin, twin->mem[W_OUT], work_bytes[W_OUT]);
+        float *c_out = work_read(cpu, cpu->mem[W_OUT], work_bytes[W_OUT]);
+        const double ro = work_error_ratio(g_out, c_out, work_bytes[W_OUT] / 4, t.out_abs, t.out_rel);
+        cr_assert_leq(ro, 1.0, "GPU outputs off by %.3g of the tolerance", ro);
+        cr_log_info("worst GPU error: flushed states %.2e, copied slot %.2e, outputs %.2e of the tolerance", rs, rc, ro);
+        free(g_pool), free(c_pool), free(g_copy), free(g_out), free(c_out);
+        free_work_op(cpu);
+    }
+    w->be.iface->free(w->be.ctx, buf), w->be.iface->free(w->be.ctx, back);
+    free_work_op(w), free_work_op(twin);
+}
+
+void op_check_slot_op_refusals(gdn_backend_kind backend, uint64_t seed)
+{
+    work_op *w = make_work_op(backend, GDN_VERIFY_FOLD, seed);
+    void *pool_before = work_read(w, w->mem[W_POOL], work_bytes[W_POOL]);
+    void *ws_before = work_read(w, w->workspace, w->workspace_bytes);
+    void *buf = backend_alloc(&w->be, WORK_SLOT_BYTES);
+    const int32_t four[4] = {0, 1, 2, 3};
+    const int32_t *rows = work_list(w, four, 4);
+    cr_assert_eq(gdn_op_slot_copy(&w->op, WORK_SLOTS, 1, NULL), GDN_ESLOT_RANGE);
+    cr_assert_eq(gdn_op_slot_copy(&w->op, 1, -1, NULL), GDN_ESLOT_RANGE);
+    cr_assert_eq(gdn_op_slot_copy(&w->op, 1, 1, NULL), GDN_EINVAL, "dst == src");
+    cr_assert_eq(gdn_op_slot_export(&w->op, 1, NULL, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_op_slot_export(&w->op, -1, buf, NULL), GDN_ESLOT_RANGE);
+    cr_assert_eq(gdn_op_slot_import(&w->op, WORK_SLOTS + 3, buf, NULL), GDN_ESLOT_RANGE);
+    cr_assert_eq(gdn_op_slot_reset(&w->op, WORK_SLOTS, NULL), GDN_ESLOT_RANGE);
+    cr_assert_eq(gdn_op_flush(&w->op, rows, WORK_ROWS + 1, NULL), GDN_ESTEP_BATCH);
+    cr_assert_eq(gdn_op_flush(&w->op, rows, -1, NULL), GDN_ESTEP_BATCH);
+    cr_assert_eq(gdn_op_flush(&w->op, NULL, 2, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_op_flush(NULL, rows, 1, NULL), GDN_EINVAL);
+    gdn_op_layer no_params = w->op;
+    no_params.A_log = NULL;
+    cr_assert_eq(gdn_op_flush(&no_params, rows, 1, NULL), GDN_EINVAL);
+    cr_assert_eq(gdn_op_slot_export(&no_params, 1, buf, NULL), GDN_EINVAL, "export under fold without A_log");
+    gdn_op_layer auto_backend = w->op;
+    auto_backend.backend = GDN_BACKEND_AUTO;
+    cr_assert_eq(gdn_op_slot_copy(&auto_backend, 2, 1, NULL), GDN_EINVAL, "AUTO backend");
+    cr_assert_eq(gdn_op_slot_reset(&auto_backend, 1, NULL), GDN_EINVAL, "AUTO backend");
+    cr_assert_eq(w->be.iface->synchronize(w->be.ctx, NULL), GDN_OK);
+    void *pool_after = work_read(w, w->mem[W_POOL], work_bytes[W_POOL]);
+    void *ws_after = work_read(w, w->workspace, w->workspace_bytes);
+    cr_assert_eq(memcmp(pool_after, pool_before, work_bytes[W_POOL]), 0, "a refused call changed the pool");
+    cr_assert_eq(memcmp(ws_after, ws_before, w->workspace_bytes), 0, "a refused call changed the workspace");
+    free(pool_before), free(ws_before), free(pool_after), free(ws_after);
+    w->be.iface->free(w->be.ctx, buf);
+    free_work_op(w);
 }

@@ -1,6 +1,6 @@
 /*
  * Checks of the op layer (include/gdn/gdn_op.h) shared by the CPU suite (test_op.c) and the GPU suite
- * (test_gpu_op.c).
+ * (test_gpu_op.c): each takes the backend whose memory the op's buffers live in.
  */
 #ifndef GDN_TESTS_OP_CHECKS_H
 #define GDN_TESTS_OP_CHECKS_H
@@ -20,5 +20,23 @@
  */
 void op_check_views(gdn_backend_kind backend, const char *preset, gdn_verify_strategy strategy, gdn_dtype state_dtype,
                     uint64_t seed);
+
+/*
+ * Flush and the slot operations of a tiny op (fp32 pool of 8 slots) whose slots 0..2 hold pending work
+ * (two verify + commit steps under `strategy`), every buffer in `backend` memory (device memory on
+ * CUDA): export of a slot is bit-exact with the state a flush of it leaves; a copy carries the pending
+ * work (flushing source and copy gives bit-equal states, which under fold and ring differ from the
+ * unflushed one); import then export returns exactly what was imported; reset then export gives zeros.
+ * On CUDA the same scenario also runs on the CPU backend (the float64 reference): the GPU's flushed
+ * pool, its copied and flushed slot and its step outputs are within SPEC 4 (fp32) of the CPU's.
+ */
+void op_check_slot_ops(gdn_backend_kind backend, gdn_verify_strategy strategy, uint64_t seed);
+
+/*
+ * Refused slot operations and flushes (slot out of range, dst == src, NULL buffers and parameters, a
+ * count outside 0..max_batch, AUTO backend) on a fold op with pending work in `backend` memory: each
+ * returns its code, and the pool and workspace are byte-for-byte unchanged.
+ */
+void op_check_slot_op_refusals(gdn_backend_kind backend, uint64_t seed);
 
 #endif /* GDN_TESTS_OP_CHECKS_H */

@@ -1,13 +1,13 @@
 /*
  * The op layer on the CPU backend (include/gdn/gdn_op.h): strided views against dense tensors under
- * every verify strategy, and every refused description (status code, nothing changed).
+ * every verify strategy, every refused description (status code, nothing changed), and flush and the
+ * slot operations with pending work (op_checks.c; test_gpu_op.c runs them on the GPU).
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gdn/gdn_op.h"
-#include "kernels/dtype_convert.h"
 #include "op_checks.h"
 #include "support.h"
 
@@ -160,122 +160,10 @@ Test(op, bad_descriptions_are_refused_and_change_nothing)
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Flush and slot operations                                                                        */
+/* Flush and slot operations (op_checks.c; test_gpu_op.c runs the same checks on the GPU)           */
 /* ---------------------------------------------------------------------------------------------- */
 
-enum { WS = 8, WROWS = 3, WT = 2 };
-
-typedef struct work_op {
-    gdn_op_layer op;
-    uint16_t q[WROWS * WT * 2 * 64], k[WROWS * WT * 2 * 64], v[WROWS * WT * 4 * 64], a[WROWS * WT * 4],
-        b[WROWS * WT * 4];
-    float out[WROWS * WT * 4 * 64], pool[WS * 4 * 64 * 64], params[8];
-    int32_t rows[WROWS], accepted[WROWS];
-    void *workspace;
-    size_t workspace_bytes;
-} work_op;
-
-/* A tiny op over host memory whose slots 0..2 have pending work (two verify + commit steps). */
-static work_op *make_work_op(gdn_verify_strategy strategy, uint64_t seed)
-{
-    work_op *w = calloc(1, sizeof *w);
-    test_rng rng = test_rng_seeded(seed);
-    for (size_t e = 0; e < sizeof w->pool / 4; e++) w->pool[e] = (float)(0.1 * test_rng_normal(&rng));
-    for (int h = 0; h < 8; h++) w->params[h] = (float)(0.1 * test_rng_normal(&rng));
-    gdn_op_layer *op = &w->op;
-    cr_assert_eq(gdn_model_preset("tiny", 1, &op->model), GDN_OK);
-    op->backend = GDN_BACKEND_CPU, op->input_dtype = GDN_DTYPE_BF16, op->output_dtype = GDN_DTYPE_F32;
-    op->kind = GDN_STEP_VERIFY, op->tokens = WT, op->batch = WROWS;
-    op->q = (gdn_view){w->q, 0, 0, 0}, op->k = (gdn_view){w->k, 0, 0, 0}, op->v = (gdn_view){w->v, 0, 0, 0};
-    op->a = (gdn_view){w->a, 0, 0, 0}, op->b = (gdn_view){w->b, 0, 0, 0}, op->o = (gdn_view){w->out, 0, 0, 0};
-    op->A_log = w->params, op->dt_bias = w->params + 4;
-    op->pool = (gdn_state_pool){w->pool, GDN_DTYPE_F32, WS, 4 * 64 * 64};
-    op->read_slots = w->rows;
-    op->strategy = strategy, op->max_batch = WROWS, op->max_tokens = WT, op->ring_length = 6;
-    w->workspace_bytes = gdn_op_workspace_bytes(op);
-    w->workspace = calloc(1, w->workspace_bytes);
-    op->workspace = w->workspace;
-    for (int i = 0; i < WROWS; i++) w->rows[i] = i, w->accepted[i] = 1 + i % 2;
-    for (int step = 0; step < 2; step++) {
-        for (size_t e = 0; e < sizeof w->q / 2; e++)
-            w->q[e] = gdn__f32_to_bf16((float)test_rng_normal(&rng)), w->k[e] = gdn__f32_to_bf16((float)test_rng_normal(&rng));
-        for (size_t e = 0; e < sizeof w->v / 2; e++) w->v[e] = gdn__f32_to_bf16((float)test_rng_normal(&rng));
-        for (size_t e = 0; e < sizeof w->a / 2; e++)
-            w->a[e] = gdn__f32_to_bf16((float)(0.1 * test_rng_normal(&rng))), w->b[e] = gdn__f32_to_bf16((float)(0.1 * test_rng_normal(&rng)));
-        cr_assert_eq(gdn_op_layer_step(op, NULL), GDN_OK);
-        cr_assert_eq(gdn_op_commit(op, w->accepted, NULL), GDN_OK);
-    }
-    return w;
-}
-
-static work_op *clone_work_op(const work_op *w)
-{
-    work_op *c = malloc(sizeof *c);
-    memcpy(c, w, sizeof *c);
-    c->workspace = malloc(w->workspace_bytes);
-    memcpy(c->workspace, w->workspace, w->workspace_bytes);
-    c->op.pool.data = c->pool, c->op.workspace = c->workspace, c->op.A_log = c->params, c->op.dt_bias = c->params + 4;
-    return c;
-}
-
-static void free_work_op(work_op *w) { free(w->workspace), free(w); }
-
-static const float *slot_of(const work_op *w, int32_t slot) { return w->pool + (size_t)slot * 4 * 64 * 64; }
-enum { SLOT_BYTES = 4 * 64 * 64 * 4 };
-
-static void slot_ops_match_flushed_states(gdn_verify_strategy strategy, uint64_t seed)
-{
-    work_op *w = make_work_op(strategy, seed);
-    work_op *twin = clone_work_op(w);
-    int32_t one[1];
-    /* export = the state after a flush of that slot (the twin flushes it explicitly). */
-    float *buf = malloc(SLOT_BYTES);
-    cr_assert_eq(gdn_op_slot_export(&w->op, 1, buf, NULL), GDN_OK);
-    one[0] = 1;
-    cr_assert_eq(gdn_op_flush(&twin->op, one, 1, NULL), GDN_OK);
-    cr_assert_eq(memcmp(buf, slot_of(twin, 1), SLOT_BYTES), 0, "export of slot 1");
-    /* copy carries the pending work: flushing both gives the same state. */
-    cr_assert_eq(gdn_op_slot_copy(&w->op, 6, 2, NULL), GDN_OK);
-    int32_t pair[2] = {2, 6};
-    cr_assert_eq(gdn_op_flush(&w->op, pair, 2, NULL), GDN_OK);
-    cr_assert_eq(memcmp(slot_of(w, 6), slot_of(w, 2), SLOT_BYTES), 0, "copy then flush");
-    if (strategy != GDN_VERIFY_CACHE) /* and the flush did change it: there was work pending */
-        cr_assert_neq(memcmp(slot_of(w, 2), slot_of(twin, 2), SLOT_BYTES), 0, "slot 2 had no pending work");
-    /* import drops the pending work; export returns exactly what was imported; reset gives zeros. */
-    for (int i = 0; i < 4 * 64 * 64; i++) buf[i] = (float)(0.001 * (i % 1013));
-    cr_assert_eq(gdn_op_slot_import(&w->op, 0, buf, NULL), GDN_OK);
-    float *back = malloc(SLOT_BYTES);
-    cr_assert_eq(gdn_op_slot_export(&w->op, 0, back, NULL), GDN_OK);
-    cr_assert_eq(memcmp(back, buf, SLOT_BYTES), 0, "import then export");
-    cr_assert_eq(gdn_op_slot_reset(&w->op, 0, NULL), GDN_OK);
-    cr_assert_eq(gdn_op_slot_export(&w->op, 0, back, NULL), GDN_OK);
-    for (int i = 0; i < 4 * 64 * 64; i++) cr_assert_eq(back[i], 0.0f, "reset then export, element %d", i);
-    free(buf), free(back);
-    free_work_op(w), free_work_op(twin);
-}
-
-Test(op, slot_operations_cache) { slot_ops_match_flushed_states(GDN_VERIFY_CACHE, 31); }
-Test(op, slot_operations_fold) { slot_ops_match_flushed_states(GDN_VERIFY_FOLD, 32); }
-Test(op, slot_operations_ring) { slot_ops_match_flushed_states(GDN_VERIFY_RING, 33); }
-
-Test(op, slot_operation_refusals_change_nothing)
-{
-    work_op *w = make_work_op(GDN_VERIFY_FOLD, 34);
-    work_op *before = clone_work_op(w);
-    float buf[16];
-    int32_t rows[4] = {0, 1, 2, 3};
-    cr_assert_eq(gdn_op_slot_copy(&w->op, WS, 1, NULL), GDN_ESLOT_RANGE);
-    cr_assert_eq(gdn_op_slot_copy(&w->op, 1, -1, NULL), GDN_ESLOT_RANGE);
-    cr_assert_eq(gdn_op_slot_copy(&w->op, 1, 1, NULL), GDN_EINVAL, "dst == src");
-    cr_assert_eq(gdn_op_slot_export(&w->op, 1, NULL, NULL), GDN_EINVAL);
-    cr_assert_eq(gdn_op_slot_import(&w->op, WS + 3, buf, NULL), GDN_ESLOT_RANGE);
-    cr_assert_eq(gdn_op_flush(&w->op, rows, WROWS + 1, NULL), GDN_ESTEP_BATCH);
-    cr_assert_eq(gdn_op_flush(&w->op, NULL, 2, NULL), GDN_EINVAL);
-    cr_assert_eq(gdn_op_flush(NULL, rows, 1, NULL), GDN_EINVAL);
-    gdn_op_layer no_params = w->op;
-    no_params.A_log = NULL;
-    cr_assert_eq(gdn_op_flush(&no_params, rows, 1, NULL), GDN_EINVAL);
-    cr_assert_eq(memcmp(w->pool, before->pool, sizeof w->pool), 0, "a refused call changed the pool");
-    cr_assert_eq(memcmp(w->workspace, before->workspace, w->workspace_bytes), 0, "a refused call changed the workspace");
-    free_work_op(w), free_work_op(before);
-}
+Test(op, slot_operations_cache) { op_check_slot_ops(GDN_BACKEND_CPU, GDN_VERIFY_CACHE, 31); }
+Test(op, slot_operations_fold) { op_check_slot_ops(GDN_BACKEND_CPU, GDN_VERIFY_FOLD, 32); }
+Test(op, slot_operations_ring) { op_check_slot_ops(GDN_BACKEND_CPU, GDN_VERIFY_RING, 33); }
+Test(op, slot_operation_refusals_change_nothing) { op_check_slot_op_refusals(GDN_BACKEND_CPU, 34); }
