@@ -1,0 +1,81 @@
+/*
+ * The state update of the layer-step kernel (gdn_cuda_layer.cu): one token applied to the rows a
+ * thread holds in fp32 registers (the delta rule, SPEC 1), optionally with the decay kept outside.
+ */
+#ifndef GDN_CUDA_UPDATE_CUH
+#define GDN_CUDA_UPDATE_CUH
+
+#include "cuda_common.cuh"
+#include "gdn_cuda.h"
+#include "gdn_cuda_rows.cuh"
+
+#include "gdn_cuda_prepare.cuh"
+
+/* Decay outside the rows (DECAY_OUTSIDE: fold with bf16 state, whose token loops are the longest
+ * per byte): the thread's rows hold the state divided by `decay`, the product of the gates applied
+ * since the rows were loaded (the same for the whole CTA), so a token updates an element with one
+ * FMA, S/G += (u/G) k^, instead of a multiply and an FMA. The decay is folded into the rows before it
+ * drops below this bound (u/G stays small and finite whatever the gates) and at every store.
+ * Measured on the H100 (bench/results/2026-11-22-h100-strategies.md): bf16 replay verify 3-7%
+ * faster; fp32 fold no faster (at 80 registers it spills), so fp32 keeps the plain update. */
+#define GDN__DECAY_FOLD_BELOW 0.00390625f /* 2^-8 */
+
+/* One token applied to the thread's rows: dk = S.k^ (and dq = S.q^ when OUTPUT) over each row, one
+ * lane-group reduction each, then u = beta (v - g dk), o = g dq + u k^.q^, S = g S + u k^. With
+ * DECAY_OUTSIDE (state = decay * st, G = decay * g) the same reads u = beta (v - G dk'),
+ * o = G dq' + u k^.q^, st += (u / G) k^, decay = G, where dk', dq' are the products with st. */
+template <typename Geo, bool OUTPUT, bool DECAY_OUTSIDE>
+__device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::EV], float &decay,
+                                            const token_values<Geo> &tv, float (&o)[Geo::RT])
+{
+    constexpr int EV = Geo::EV, NV = Geo::NV, L = Geo::L, RT = Geo::RT;
+    float G = tv.g;
+    if constexpr (DECAY_OUTSIDE) {
+        G = decay * tv.g;
+        if (G < GDN__DECAY_FOLD_BELOW) { /* uniform over the CTA */
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int n = 0; n < NV; n++)
+#pragma unroll
+                    for (int e = 0; e < EV; e++) st[rt][n][e] *= G;
+            G = 1.0f;
+        }
+    }
+    float dk[RT], dq[RT];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) {
+        float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NV; n++)
+#pragma unroll
+            for (int e = 0; e < EV; e++) {
+                a0 = fmaf(st[rt][n][e], tv.k[n][e], a0);
+                if (OUTPUT) a1 = fmaf(st[rt][n][e], tv.q[n][e], a1);
+            }
+        dk[rt] = a0;
+        dq[rt] = a1;
+    }
+    row_sums<L, RT, OUTPUT>(dk, dq);
+    const float inverse = DECAY_OUTSIDE ? __fdividef(1.0f, G) : 0.0f; /* G >= 2^-8: no range issue */
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) {
+        const float u = tv.beta * (tv.v[rt] - G * dk[rt]);
+        if (OUTPUT) o[rt] = G * dq[rt] + u * tv.kq;
+        if constexpr (DECAY_OUTSIDE) {
+            const float step = u * inverse;
+#pragma unroll
+            for (int n = 0; n < NV; n++)
+#pragma unroll
+                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(step, tv.k[n][e], st[rt][n][e]);
+        } else {
+#pragma unroll
+            for (int n = 0; n < NV; n++)
+#pragma unroll
+                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(G, st[rt][n][e], u * tv.k[n][e]);
+        }
+    }
+    if constexpr (DECAY_OUTSIDE) decay = G;
+}
+
+#endif /* GDN_CUDA_UPDATE_CUH */
