@@ -14,7 +14,13 @@
  *
  * Streams. Functions that enqueue work take `void *stream`: a cudaStream_t on the CUDA backend (NULL
  * is the legacy default stream), ignored on the CPU backend, where work completes before the call
- * returns. gdn_cuda.h has typed wrappers.
+ * returns. gdn_cuda.h has typed wrappers. The synchronous calls (gdn_engine_set_layer_params,
+ * gdn_slot_read_state, gdn_slot_write_state) take no stream: they run on the engine's own private
+ * stream, ordered after the work that the engine's last enqueuing call put on its stream (that
+ * stream must still exist), and wait for that alone: never for the legacy default stream or the
+ * whole device. Work the caller launched itself (a graph it captured with GDN_STEP_CALLER_WORK, its
+ * own kernels) is the caller's to order first. They return GDN_EMISUSE while that stream is being
+ * captured.
  *
  * Errors. Every fallible call returns a gdn_status; GDN_OK is 0 and errors are negative. A call that
  * fails changes nothing. Nothing reachable from this API asserts, aborts or exits.
