@@ -14,7 +14,7 @@
  * A failed validation makes the exit code nonzero. --json FILE writes every result.
  *
  *   gdn-bench [--quick] [--preset qwen3-next,qwen3.5,tiny,wide] [--state f32,bf16] [--batch 1,2,...]
- *             [--tokens 1,2,...] [--commit] [--json FILE] [--no-time]
+ *             [--tokens 1,2,...] [--commit] [--strided] [--json FILE] [--no-time]
  *   gdn-bench --engine ...       the whole-engine step of a 36-layer model (bench_engine.c)
  *   gdn-bench --strategies ...   cache, fold and ring verify: memory beyond the pools, decode and
  *                                verify + commit time, bytes moved (bench_strategies.c)
@@ -532,6 +532,10 @@ static int launch_commit(void *vctx, int j, cudaStream_t s)
     return 0;
 }
 
+/* --strided: the timed kernels read q, k, v as column slices of one fused projection [B, T, 2 HK K + HV V]
+ * and a, b interleaved [B, T, 2 HV], as a serving engine holds them (SPEC 2); same bytes as dense. */
+static int strided_inputs;
+
 /* Times one configuration with cold state; fills the timing fields of `res`. */
 static int time_case(const preset *pr, gdn_dtype sd, int B, int T, int do_commit, int reps_max, cudaStream_t s,
                      const void *d_rand, size_t rand_bytes, result *res)
@@ -597,6 +601,15 @@ static int time_case(const preset *pr, gdn_dtype sd, int B, int T, int do_commit
     p->a = io, io += nab * 2;
     p->b = io, io += nab * 2;
     p->out = io, io += nv * 2;
+    if (strided_inputs) { /* the same bytes, laid out as a fused projection and interleaved gates */
+        const int64_t N = 2 * (int64_t)HK * K + (int64_t)HV * V;
+        char *fused = d_io, *ab = fused + nq * 4 + nv * 2;
+        p->q = fused, p->k = fused + (size_t)HK * K * 2, p->v = fused + (size_t)2 * HK * K * 2;
+        p->q_strides = p->k_strides = (gdn__strides){T * N, N, K};
+        p->v_strides = (gdn__strides){T * N, N, V};
+        p->a = ab, p->b = ab + (size_t)HV * 2;
+        p->a_strides = p->b_strides = (gdn__strides){(int64_t)T * 2 * HV, 2 * HV, 1};
+    }
     p->A_log = d_A, p->dt_bias = d_A + HV;
     p->state = d_pool, p->num_slots = (int64_t)inst * B, p->slot_stride = slot;
     p->cache = d_cache, p->cache_row_stride = verify ? (int64_t)T * slot : 0;
@@ -679,7 +692,7 @@ static int measure_floor(const preset *pr, cudaStream_t s, double *graph_us)
 static void usage(void)
 {
     fprintf(stderr, "usage: gdn-bench [--quick] [--preset a,b] [--state f32,bf16] [--batch 1,2,..] "
-                    "[--tokens 1,2,..] [--commit] [--no-time] [--reps N] [--json FILE]\n"
+                    "[--tokens 1,2,..] [--commit] [--strided] [--no-time] [--reps N] [--json FILE]\n"
                     "       gdn-bench --engine ... | --strategies ... | --drift ...  (each takes --help)\n");
 }
 
@@ -731,6 +744,8 @@ int main(int argc, char **argv)
             quick = 1;
         } else if (!strcmp(a, "--commit")) {
             o.commit = 1;
+        } else if (!strcmp(a, "--strided")) {
+            strided_inputs = 1;
         } else if (!strcmp(a, "--no-time")) {
             o.time = 0;
         } else if (v && !strcmp(a, "--preset")) {
