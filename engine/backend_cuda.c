@@ -93,19 +93,37 @@ static void record_launch_failure(cuda_backend *cu, const char *launcher)
 
 /* Device allocations made by the library (all engines), for the test that proves steps make none. */
 static atomic_uint_fast64_t device_allocations;
+static atomic_int_fast64_t live_allocations;
 
 uint64_t gdn__cuda_device_allocations(void) { return atomic_load_explicit(&device_allocations, memory_order_relaxed); }
+int64_t gdn__cuda_live_allocations(void) { return atomic_load_explicit(&live_allocations, memory_order_relaxed); }
+
+/* Fault injection (tests): the n-th next device allocation or graph capture fails (-1: none). */
+static atomic_int_fast64_t fail_alloc_countdown = -1, fail_capture_countdown = -1;
+void gdn__cuda_fail_alloc_after(int64_t n) { atomic_store(&fail_alloc_countdown, n); }
+void gdn__cuda_fail_capture_after(int64_t n) { atomic_store(&fail_capture_countdown, n); }
+static int injected_failure(atomic_int_fast64_t *countdown)
+{
+    const int_fast64_t left = atomic_load(countdown);
+    if (left < 0) return 0;
+    atomic_store(countdown, left - 1);
+    return left == 0;
+}
 
 static gdn_status cuda_alloc_here(void *ctx, size_t bytes, void **out)
 {
     cuda_backend *cu = ctx;
     *out = NULL;
+    if (injected_failure(&fail_alloc_countdown))
+        return record_error(cu, cudaErrorMemoryAllocation, "cudaMalloc (injected failure)", __LINE__);
     GDN__CUDA_TRY(cu, cudaMalloc(out, bytes ? bytes : 1));
     atomic_fetch_add_explicit(&device_allocations, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&live_allocations, 1, memory_order_relaxed);
     /* On the private stream: the engine waits for it once, when creation is done. */
     cudaError_t err = cudaMemsetAsync(*out, 0, bytes, cu->own_stream);
     if (err != cudaSuccess) {
         cudaFree(*out);
+        atomic_fetch_sub_explicit(&live_allocations, 1, memory_order_relaxed);
         *out = NULL;
         return record_error(cu, err, "cudaMemsetAsync(*out, 0, bytes, own_stream)", __LINE__);
     }
@@ -116,7 +134,9 @@ GDN__ON_DEVICE(cuda_alloc, (void *ctx, size_t bytes, void **out), (ctx, bytes, o
 static void cuda_free_here(void *ctx, void *ptr)
 {
     (void)ctx;
-    if (ptr) cudaFree(ptr);
+    if (!ptr) return;
+    cudaFree(ptr);
+    atomic_fetch_sub_explicit(&live_allocations, 1, memory_order_relaxed);
 }
 GDN__ON_DEVICE_VOID(cuda_free, (void *ctx, void *ptr), (ctx, ptr))
 
@@ -233,7 +253,9 @@ static gdn_status cuda_capture_end_here(void *ctx, int keep, void **graph)
 {
     cuda_backend *cu = ctx;
     cudaGraphExec_t exec = NULL;
-    cudaError_t err = gdn__graph_capture_end(cu->capture_stream, keep, &exec);
+    const int inject = keep && injected_failure(&fail_capture_countdown);
+    cudaError_t err = gdn__graph_capture_end(cu->capture_stream, keep && !inject, &exec);
+    if (inject && err == cudaSuccess) err = cudaErrorStreamCaptureInvalidated;
     *graph = exec;
     if (err != cudaSuccess) return record_error(cu, err, "gdn__graph_capture_end", __LINE__);
     return GDN_OK;

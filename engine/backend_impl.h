@@ -74,6 +74,12 @@ gdn_status gdn__backend_cpu_create(size_t staging_bytes, gdn__backend *out);
 
 /* Device allocations the CUDA backend has made so far (all engines; tests difference two readings). */
 uint64_t gdn__cuda_device_allocations(void);
+/* Device allocations of the library not freed yet (all engines). */
+int64_t gdn__cuda_live_allocations(void);
+/* Fault injection for tests: the n-th next device allocation (GDN_ENOMEM) or graph capture
+ * (GDN_ECUDA) fails; -1 turns it off. CUDA builds only. */
+void gdn__cuda_fail_alloc_after(int64_t n);
+void gdn__cuda_fail_capture_after(int64_t n);
 
 /* Creates the CUDA backend on `device`: GDN_ENODEV when this build has no CUDA or no GPU is usable. */
 gdn_status gdn__backend_cuda_create(int32_t device, size_t staging_bytes, gdn__backend *out);

@@ -353,6 +353,86 @@ Test(gpu_engine, capture_callback_work_is_replayed_with_the_step, .timeout = 300
     gdn_engine_destroy(with_callback);
 }
 
+/* Fault injection: every device allocation of gdn_engine_create, and each graph capture (at creation
+ * and lazily on the step path), fails in turn: the call returns its status, no device allocation is
+ * left behind, an engine that existed stays usable, and a following create works. */
+static gdn_engine_config fault_config(gdn_verify_strategy strategy, gdn_graph_mode mode)
+{
+    gdn_engine_config c = test_config("tiny", 2, GDN_DTYPE_F32, 8, 4, 2);
+    c.backend = GDN_BACKEND_CUDA;
+    c.verify_strategy = strategy;
+    c.graph_mode = mode;
+    return c;
+}
+
+Test(gpu_engine, every_device_allocation_and_capture_failure_is_reported_and_leaks_nothing, .timeout = 300)
+{
+    test_require_gpu();
+    const gdn_verify_strategy strategies[] = {GDN_VERIFY_CACHE, GDN_VERIFY_FOLD, GDN_VERIFY_RING};
+    for (size_t si = 0; si < 3; si++) {
+        const int64_t live = gdn__cuda_live_allocations();
+        gdn_engine_config c = fault_config(strategies[si], GDN_GRAPHS_AT_CREATE);
+        const uint64_t before = gdn__cuda_device_allocations();
+        gdn_engine *e = NULL;
+        cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
+        const int64_t allocations = (int64_t)(gdn__cuda_device_allocations() - before);
+        cr_assert_gt(allocations, 3);
+        gdn_engine_destroy(e);
+        cr_assert_eq(gdn__cuda_live_allocations(), live, "destroy left device allocations");
+        for (int64_t n = 0; n < allocations; n++) { /* each allocation fails in turn */
+            gdn__cuda_fail_alloc_after(n);
+            e = NULL;
+            cr_assert_eq(gdn_engine_create(&c, &e), GDN_ENOMEM, "strategy %zu, allocation %lld", si, (long long)n);
+            cr_assert_null(e);
+            cr_assert_eq(gdn__cuda_live_allocations(), live, "strategy %zu, allocation %lld leaked", si, (long long)n);
+        }
+        gdn__cuda_fail_alloc_after(-1);
+        const int32_t buckets = c.num_buckets ? c.num_buckets : 3; /* 1, 2, 4 for max_batch 4 */
+        const int64_t graphs = (int64_t)buckets * (1 + 2 * c.max_tokens);
+        for (int64_t n = 0; n < graphs; n += 3) { /* captures at creation fail in turn */
+            gdn__cuda_fail_capture_after(n);
+            e = NULL;
+            cr_assert_eq(gdn_engine_create(&c, &e), GDN_ECUDA, "strategy %zu, capture %lld", si, (long long)n);
+            cr_assert_eq(gdn__cuda_live_allocations(), live, "strategy %zu, capture %lld leaked", si, (long long)n);
+        }
+        gdn__cuda_fail_capture_after(-1);
+
+        /* A lazy capture that fails on the step path: the step reports it, the engine stays usable and
+         * the same step then runs (captured on the retry) with the twin's results. */
+        gdn_engine_config lazy = fault_config(strategies[si], GDN_GRAPHS_LAZY);
+        test_rng rng = test_rng_seeded(300 + si);
+        gdn_engine *twin = test_engine_create(&lazy, &rng, NULL);
+        rng = test_rng_seeded(300 + si);
+        e = test_engine_create(&lazy, &rng, NULL);
+        int32_t slots[3];
+        for (int i = 0; i < 3; i++) {
+            cr_assert_eq(gdn_slot_alloc(e, &slots[i]), GDN_OK);
+            cr_assert_eq(gdn_slot_alloc(twin, &slots[i]), GDN_OK);
+            test_rng fill = test_rng_seeded(400 + (uint64_t)i);
+            test_fill_slot_state(e, slots[i], &fill);
+            fill = test_rng_seeded(400 + (uint64_t)i);
+            test_fill_slot_state(twin, slots[i], &fill);
+        }
+        gdn__cuda_fail_capture_after(0);
+        gdn_step decode = {.kind = GDN_STEP_DECODE, .tokens = 1, .batch = 3, .slots = slots};
+        cr_assert_eq(gdn_engine_begin_step(e, &decode, NULL, NULL), GDN_OK);
+        cr_assert_eq(gdn_engine_run_step(e, NULL), GDN_ECUDA, "the failed lazy capture is reported");
+        cr_assert_neq(strlen(gdn_engine_last_error(e)), 0);
+        gdn__cuda_fail_capture_after(-1);
+        test_run_step(e, GDN_STEP_DECODE, 1, 3, slots, NULL);
+        test_run_step(twin, GDN_STEP_DECODE, 1, 3, slots, NULL);
+        for (int i = 0; i < 3; i++) {
+            unsigned char *a = test_snapshot_slot(e, slots[i]), *b = test_snapshot_slot(twin, slots[i]);
+            cr_assert_eq(memcmp(a, b, 2 * test_state_bytes(e)), 0, "strategy %zu slot %d after the retry", si, slots[i]);
+            free(a), free(b);
+        }
+        cr_assert_eq(gdn_engine_check_device_error(e, NULL), GDN_OK);
+        gdn_engine_destroy(e);
+        gdn_engine_destroy(twin);
+        cr_assert_eq(gdn__cuda_live_allocations(), live, "strategy %zu: device allocations left", si);
+    }
+}
+
 Test(gpu_engine, fold_strategy_runs_on_the_gpu_with_auto_backend)
 {
     test_require_gpu();
