@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # GPU-host runs of everything that needs a GPU, from a bundle made by scripts/bundle.sh: every test
-# suite, compute-sanitizer memcheck and racecheck on the GPU suites (in parallel: the suites are
-# mostly CPU-bound by the float64 reference), the serving-loop example with both strategies, and the
+# suite, compute-sanitizer memcheck, racecheck, initcheck and synccheck on the GPU suites (in
+# parallel: the suites are mostly CPU-bound by the float64 reference), the serving-loop example with both strategies, and the
 # engine and strategies benches (alone, for clean timings). Logs go to OUT_DIR; a summary is printed.
 #
 #   scripts/gpu_verify.sh [BUNDLE_DIR] [OUT_DIR]     (defaults: gpu-bundle, $OUT or gpu-verify-out)
-#   GDN_VERIFY_PART: all (default), or one of two halves that each fit a 10-minute call on a
+#   GDN_VERIFY_PART: all (default), or one of three parts that each fit a 10-minute call on a
 #     16-core H100 host (all of it at once oversubscribes the host: about 3000 CPU-seconds of
-#     sanitized suites): `tests` (every suite, memcheck, the examples) and `racecheck` (racecheck,
-#     then the benches).
+#     sanitized suites per tool): `tests` (every suite, memcheck, the examples), `racecheck`
+#     (racecheck, then the benches) and `checks` (initcheck and synccheck).
 #   GDN_VERIFY_SANITIZE=0 skips the sanitizers; GDN_VERIFY_BENCH=0 skips the benches.
 #   GDN_VERIFY_LIMIT (seconds, default 420) bounds the parallel phase (a suite cut short shows up as
 #   such in its log and in the summary).
@@ -18,7 +18,7 @@ set -u
 bundle=$(cd "${1:-gpu-bundle}" && pwd) || exit 2
 out=${2:-${OUT:-gpu-verify-out}}
 part=${GDN_VERIFY_PART:-all}
-case "$part" in all | tests | racecheck) ;; *) echo "GDN_VERIFY_PART: all, tests or racecheck" >&2; exit 2 ;; esac
+case "$part" in all | tests | racecheck | checks) ;; *) echo "GDN_VERIFY_PART: all, tests, racecheck or checks" >&2; exit 2 ;; esac
 want() { [ "$part" = all ] || [ "$part" = "$1" ]; }
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$bundle${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -57,6 +57,14 @@ if want racecheck; then
     sanitize racecheck test_gpu_fold ring_directed "gpu_fold/ring_[afnrw]*"
     sanitize racecheck test_gpu_op ""
 fi
+if want checks; then # uninitialised device reads; barrier misuse
+    for tool in initcheck synccheck; do
+        sanitize $tool test_gpu_kernels "" ""
+        sanitize $tool test_gpu_engine "" '!(gpu_engine/a_failed_launch*)'
+        sanitize $tool test_gpu_fold "" ""
+        sanitize $tool test_gpu_op "" ""
+    done
+fi
 wait
 # A sanitizer cut at the limit can leave its target running on the GPU, which would skew the benches.
 pkill -KILL -f "$bundle/test_" 2>/dev/null && { echo "killed leftover test processes"; sleep 2; }
@@ -66,7 +74,7 @@ if want tests; then
     echo "== fold scenarios (worst error as a share of the tolerance)"
     grep -E "T <= 16|B <= 64|RMS to float64" "$out/all_tests.log"
 fi
-for f in "$out"/memcheck_*.log "$out"/racecheck_*.log; do
+for f in "$out"/memcheck_*.log "$out"/racecheck_*.log "$out"/initcheck_*.log "$out"/synccheck_*.log; do
     [ -f "$f" ] && echo "== $(basename "$f"): $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$f" | tail -1)," \
         "$(grep -c '^\[PASS\]' "$f") passed, $(grep -c '^\[FAIL\]' "$f") failed tests, $(tail -1 "$f") (124: cut at the limit)"
 done
