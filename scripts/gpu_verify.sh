@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU-host runs of everything that needs a GPU, from a bundle made by scripts/bundle.sh: every test
 # suite, compute-sanitizer memcheck, racecheck, initcheck and synccheck on the GPU suites (in
-# parallel: the suites are mostly CPU-bound by the float64 reference), the serving-loop example with both strategies, and the
-# engine and strategies benches (alone, for clean timings). Logs go to OUT_DIR; a summary is printed.
+# parallel: the suites are mostly CPU-bound by the float64 reference), the serving-loop example
+# with both strategies, and the engine and strategies benches (alone, for clean timings). Logs go to OUT_DIR; a summary is printed.
 #
 #   scripts/gpu_verify.sh [BUNDLE_DIR] [OUT_DIR]     (defaults: gpu-bundle, $OUT or gpu-verify-out)
 #   GDN_VERIFY_PART: all (default), or one of three parts that each fit a 10-minute call on a
