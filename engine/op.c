@@ -42,6 +42,13 @@ gdn_status gdn__op_check_description(const gdn_op_layer *op)
     return gdn_engine_config_validate(&c);
 }
 
+/* The mixer's conv width (0: no conv) and conv_dim. */
+static int32_t conv_width_of(const gdn_op_layer *op) { return op->mixer ? op->mixer->conv_width : 0; }
+static int32_t conv_dim_of(const gdn_op_layer *op)
+{
+    return 2 * op->model.num_k_heads * op->model.head_dim_k + op->model.num_v_heads * op->model.head_dim_v;
+}
+
 gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
 {
     gdn__op_layout l;
@@ -49,20 +56,29 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
     const int32_t HK = op->model.num_k_heads, HV = op->model.num_v_heads, K = op->model.head_dim_k,
                   V = op->model.head_dim_v;
     const int64_t slots = op->pool.num_slots, in_size = (int64_t)gdn_dtype_size(op->input_dtype);
+    const int conv = conv_width_of(op) > 0;
+    const int32_t C = conv_dim_of(op);
+    int32_t tokens_before_own = 0; /* the most tokens a row folds or replays before its own */
     int64_t at = 0;
     if (op->strategy == GDN_VERIFY_CACHE) {
         l.cache = at;
         l.cache_row_stride = (int64_t)op->max_tokens * HV * V * K;
         at = align256(at + op->max_batch * l.cache_row_stride * (int64_t)gdn_dtype_size(op->pool.dtype));
+        if (conv) { /* a verify's raw x per row, for the commit's window */
+            l.x_store = at;
+            at = align256(at + (int64_t)op->max_batch * op->max_tokens * C * in_size);
+        }
     } else {
         if (op->strategy == GDN_VERIFY_FOLD) {
             l.token_store = at;
-            l.side_bytes = op->max_tokens * gdn__token_elems(HK, HV, K, V) * in_size;
+            l.side_bytes = op->max_tokens * (conv ? gdn__mixer_token_elems(C, HV) : gdn__token_elems(HK, HV, K, V)) * in_size;
+            tokens_before_own = op->max_tokens;
         } else {
             l.ring_length = op->ring_length ? op->ring_length : GDN_DEFAULT_RING_LENGTH;
             l.ring_capacity = l.ring_length > op->max_tokens ? l.ring_length : op->max_tokens;
             l.ring = at;
-            l.side_bytes = l.ring_capacity * gdn__ring_record_bytes(HK, HV, K, V);
+            l.side_bytes = l.ring_capacity * (conv ? gdn__mixer_record_bytes(C, HV, V) : gdn__ring_record_bytes(HK, HV, K, V));
+            tokens_before_own = l.ring_capacity;
         }
         at = align256(at + slots * l.side_bytes);
         l.counts = at;
@@ -74,7 +90,9 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
     }
     if (with_scratch && op->backend == GDN_BACKEND_CPU) {
         l.scratch = at;
-        at = align256(at + (int64_t)gdn__ref_scratch_bytes());
+        at += (int64_t)gdn__ref_scratch_bytes();
+        if (conv) at += (int64_t)gdn__ref_mixer_scratch_bytes(C, conv_width_of(op), tokens_before_own + op->max_tokens);
+        at = align256(at);
     }
     l.bytes = at;
     return l;
@@ -129,6 +147,22 @@ static gdn__layer_params base_params(const gdn_op_layer *op, const gdn__op_layou
         .output_dtype = op->output_dtype,
         .error_flag = op->error_flag,
     };
+    if (op->mixer) {
+        const gdn_mixer *m = op->mixer;
+        p.mixer.conv_width = m->conv_width;
+        p.mixer.conv_dim = conv_dim_of(op);
+        p.mixer.conv_weight_dtype = m->conv_weight_dtype;
+        p.mixer.conv_weight = m->conv_weight;
+        p.mixer.conv_bias = m->conv_bias;
+        p.mixer.conv_state = m->conv.data;
+        p.mixer.conv_slot_stride = m->conv.slot_stride;
+        p.mixer.conv_token_stride = m->conv.token_stride;
+        p.mixer.conv_channel_stride = m->conv.channel_stride;
+        if (m->conv_width > 0 && op->strategy == GDN_VERIFY_CACHE)
+            p.mixer.x_store = ws + layout->x_store, p.mixer.x_store_tokens = op->max_tokens;
+        p.mixer.norm_weight = m->norm_weight;
+        p.mixer.norm_eps = m->norm_eps;
+    }
     if (op->strategy == GDN_VERIFY_CACHE) {
         if (verify) p.cache = ws + layout->cache, p.cache_row_stride = layout->cache_row_stride;
     } else if (op->strategy == GDN_VERIFY_FOLD) {
@@ -153,6 +187,12 @@ gdn__layer_params gdn__op_step_params(const gdn_op_layer *op, const gdn__op_layo
     gdn__layer_params p = base_params(op, layout, op->batch, op->tokens, op->kind == GDN_STEP_VERIFY, op->read_slots);
     p.write_slots = op->write_slots;
     gdn__layer_params_views(&p, &op->q, &op->k, &op->v, &op->a, &op->b, &op->o);
+    if (op->mixer) { /* x: one "head" of conv_dim channels; z as the output */
+        p.mixer.x = op->x.data;
+        p.mixer.x_strides = (gdn__strides){op->x.row_stride, op->x.token_stride, 0};
+        p.mixer.z = op->z.data;
+        p.mixer.z_strides = (gdn__strides){op->z.row_stride, op->z.token_stride, op->z.head_stride};
+    }
     return p;
 }
 
@@ -207,6 +247,20 @@ gdn__commit_params gdn__op_commit_params(const gdn__op_stack *s, const int32_t *
     } else {
         c.ring_count = (int32_t *)(ws + s->layout.counts);
     }
+    if (op->mixer && op->mixer->conv_width > 0 && op->strategy == GDN_VERIFY_CACHE) {
+        const gdn_mixer *m = op->mixer;
+        c.conv_width = m->conv_width;
+        c.conv_dim = conv_dim_of(op);
+        c.input_dtype = op->input_dtype;
+        c.conv_state = m->conv.data;
+        c.conv_slot_stride = m->conv.slot_stride;
+        c.conv_token_stride = m->conv.token_stride;
+        c.conv_channel_stride = m->conv.channel_stride;
+        c.conv_layer_stride = s->conv_layer_stride;
+        c.x_store = ws + s->layout.x_store;
+        c.x_store_tokens = op->max_tokens;
+        c.x_store_layer_stride = s->workspace_layer_bytes / (int64_t)gdn_dtype_size(op->input_dtype);
+    }
     return c;
 }
 
@@ -239,6 +293,23 @@ static void clear_counts(const gdn__op_stack *s, gdn__slot_copy_params *p, int32
     add_region(p, NULL, gdn__op_slot_count(s, slot), sizeof(int32_t), 0, s->workspace_layer_bytes);
 }
 
+/* The mixer's conv window of `slot` in layer 0 (one contiguous block: check_mixer), and its bytes
+ * (0 without the conv). */
+static char *window_of(const gdn__op_stack *s, int32_t slot)
+{
+    const gdn_mixer *m = s->op.mixer;
+    return (char *)m->conv.data + (size_t)((int64_t)slot * m->conv.slot_stride) * gdn_dtype_size(s->op.input_dtype);
+}
+static int64_t window_bytes(const gdn__op_stack *s)
+{
+    const int32_t W = conv_width_of(&s->op);
+    return W > 0 ? (int64_t)(W - 1) * conv_dim_of(&s->op) * (int64_t)gdn_dtype_size(s->op.input_dtype) : 0;
+}
+static int64_t window_layer_bytes(const gdn__op_stack *s)
+{
+    return s->conv_layer_stride * (int64_t)gdn_dtype_size(s->op.input_dtype);
+}
+
 gdn__slot_copy_params gdn__op_copy_params(const gdn__op_stack *s, int32_t dst, int32_t src, int src_counts_valid)
 {
     gdn__slot_copy_params p = {.layers = s->num_layers};
@@ -251,6 +322,8 @@ gdn__slot_copy_params gdn__op_copy_params(const gdn__op_stack *s, int32_t dst, i
         else
             clear_counts(s, &p, dst);
     }
+    if (window_bytes(s) > 0)
+        add_region(&p, window_of(s, src), window_of(s, dst), window_bytes(s), window_layer_bytes(s), window_layer_bytes(s));
     return p;
 }
 
@@ -261,6 +334,8 @@ gdn__slot_copy_params gdn__op_import_params(const gdn__op_stack *s, int32_t slot
     const int64_t size = (int64_t)gdn_dtype_size(s->op.pool.dtype);
     add_region(&p, src, slot_state(s, slot), state_bytes(s), src_layer_stride * size, pool_layer_bytes(s));
     if (gdn__op_keeps_work(&s->op)) clear_counts(s, &p, slot);
+    if (!src && window_bytes(s) > 0) /* a reset zeroes the window too; an import leaves it to the caller */
+        add_region(&p, NULL, window_of(s, slot), window_bytes(s), 0, window_layer_bytes(s));
     return p;
 }
 
@@ -293,12 +368,33 @@ static gdn_status check_memory(const gdn_op_layer *op)
     return GDN_OK;
 }
 
+/* The mixer's own fields: GDN_EINVAL for a width outside 2..4 (0: no conv), a missing weight,
+ * conv pool or norm weight's gate input, or a window that is not one contiguous block per slot. */
+static gdn_status check_mixer(const gdn_op_layer *op)
+{
+    const gdn_mixer *m = op->mixer;
+    if (!m) return GDN_OK;
+    if (m->conv_width != 0 && (m->conv_width < 2 || m->conv_width > 4)) return GDN_EINVAL;
+    if (m->conv_width > 0) {
+        if (!m->conv_weight || !m->conv.data) return GDN_EINVAL;
+        if (m->conv_weight_dtype != GDN_DTYPE_F32 && m->conv_weight_dtype != GDN_DTYPE_BF16) return GDN_EINVAL;
+        const int64_t rows = m->conv_width - 1, C = conv_dim_of(op);
+        const int dense = m->conv.token_stride == 0 && m->conv.channel_stride == 0;
+        const int64_t ts = dense ? C : m->conv.token_stride, cs = dense ? 1 : m->conv.channel_stride;
+        const int contiguous = (ts == C && cs == 1) || (ts == 1 && cs == rows);
+        if (!contiguous || m->conv.slot_stride < rows * C) return GDN_EINVAL;
+    }
+    if (m->norm_eps < 0.0f) return GDN_EINVAL;
+    return GDN_OK;
+}
+
 /* The description as a one-layer stack, checked (pool, workspace, strategy). */
 static gdn_status one_layer(const gdn_op_layer *op, gdn__op_stack *s)
 {
     if (!op) return GDN_EINVAL;
     gdn_status status = gdn__op_check_description(op);
     if (status == GDN_OK) status = check_memory(op);
+    if (status == GDN_OK) status = check_mixer(op);
     if (status != GDN_OK) return status;
     s->op = *op;
     s->layout = gdn__op_layout_of(op, 1);
@@ -317,9 +413,12 @@ static gdn_status check_step(const gdn_op_layer *op, gdn__op_stack *s)
     if (op->kind == GDN_STEP_DECODE ? op->tokens != 1 : (op->tokens < 1 || op->tokens > op->max_tokens))
         return GDN_ESTEP_TOKENS;
     if (op->batch < 0 || op->batch > op->max_batch) return GDN_ESTEP_BATCH;
-    if (!op->q.data || !op->k.data || !op->v.data || !op->a.data || !op->b.data || !op->o.data || !op->A_log ||
-        !op->dt_bias || !op->read_slots)
+    const int conv = conv_width_of(op) > 0;
+    if ((conv ? !op->x.data : (!op->q.data || !op->k.data || !op->v.data)) || !op->a.data || !op->b.data ||
+        !op->o.data || !op->A_log || !op->dt_bias || !op->read_slots)
         return GDN_EINVAL;
+    if (op->mixer && op->mixer->norm_weight && !op->z.data) return GDN_EINVAL;
+    if (op->mixer && op->backend == GDN_BACKEND_CUDA) return GDN_ENOTSUP; /* the CUDA mixer is not built yet */
     return GDN_OK;
 }
 

@@ -15,6 +15,7 @@
 typedef struct gdn__op_layout {
     int64_t cache;            /* CACHE: [max_batch][max_tokens][HV V K] in the pool's dtype */
     int64_t cache_row_stride; /* elements */
+    int64_t x_store;          /* CACHE with the mixer's conv: [max_batch][max_tokens][conv_dim] input_dtype */
     int64_t token_store;      /* FOLD: [num_slots][max_tokens][token elems] in input_dtype */
     int64_t ring;             /* RING: [num_slots][capacity] records */
     int32_t ring_capacity;
@@ -35,6 +36,7 @@ typedef struct gdn__op_stack {
     int32_t num_layers;
     int64_t pool_layer_stride;     /* elements */
     int64_t workspace_layer_bytes; /* a multiple of 256 */
+    int64_t conv_layer_stride;     /* elements between layers' conv-state pools (the mixer's conv) */
 } gdn__op_stack;
 
 /* The checks every op makes of its description (same codes as gdn_engine_create). */

@@ -80,6 +80,42 @@ static inline GDN__HOST_DEVICE gdn__strides gdn__dense(int32_t T, int32_t H, int
     return s;
 }
 
+/* The whole mixer step (SPEC 6) around the recurrence, per row and token: with conv_width W > 0, the
+ * row's raw input x [conv_dim = 2 HK K + HV V] (q | k | v, head-major) goes through the depthwise
+ * causal conv over the slot's window of the previous W - 1 inputs (tap W-1 meets x; + bias) and SiLU,
+ * giving q, k, v (the q, k, v views are not read); with norm_weight != NULL the output is the gated
+ * RMSNorm y = o rsqrt(mean_V(o^2) + eps) norm_weight silu(z) per value head instead of o.
+ * The conv state (the window, in input_dtype) follows S through every strategy:
+ *   decode: window of w = the last W - 1 of [window of r; x];
+ *   cache verify: windows untouched, x of row i's tokens kept in x_store row i; commit advances
+ *     window of w from window of r by the first n of them;
+ *   fold: stored tokens are raw x, a, b (gdn__mixer_token_elems); folding a pending token runs its
+ *     conv from the slot's window and advances it; a verify stores the window after the fold;
+ *   ring: the window is the checkpoint's (written only at write-backs, advanced by the records'
+ *     x); records hold raw x, a and u (gdn__mixer_record_bytes). */
+typedef struct gdn__mixer_params {
+    int32_t conv_width;          /* W in 2..4; 0: no conv */
+    int32_t conv_dim;            /* 2 HK K + HV V */
+    const void *x;               /* [B, T, conv_dim] input_dtype; strides: row, token (head unused) */
+    gdn__strides x_strides;
+    gdn_dtype conv_weight_dtype; /* F32 or BF16 */
+    const void *conv_weight;     /* [conv_dim, W] */
+    const void *conv_bias;       /* [conv_dim] or NULL */
+    void *conv_state;            /* window row j of slot s, channel c at s * slot + j * token + c * channel */
+    int64_t conv_slot_stride, conv_token_stride, conv_channel_stride; /* elements */
+    void *x_store;               /* cache strategy: [B_cache][store_tokens][conv_dim] input_dtype */
+    int32_t x_store_tokens;
+    const void *z;               /* [B, T, HV, V] input_dtype, with the norm */
+    gdn__strides z_strides;
+    const float *norm_weight;    /* [V]; NULL: no norm */
+    float norm_eps;
+} gdn__mixer_params;
+
+static inline GDN__HOST_DEVICE int gdn__mixer_on(const gdn__mixer_params *m)
+{
+    return m->conv_width > 0 || m->norm_weight != NULL;
+}
+
 typedef struct gdn__layer_params {
     /* Geometry. */
     int32_t B;  /* rows (a padded bucket: padding rows have read_slots[i] < 0) */
@@ -134,6 +170,8 @@ typedef struct gdn__layer_params {
     int32_t ring_capacity;     /* records a slot's ring holds: max(ring_length, max_tokens) */
     int32_t ring_length;       /* L: a decode writes the state back when its ring would hold L records */
     int32_t *ring_count;       /* [num_slots] records in each slot's ring (this layer) */
+
+    gdn__mixer_params mixer;   /* all zero: the plain recurrence */
 } gdn__layer_params;
 
 /* The step's tensors from views (gdn.h): data and strides (all-zero strides stay zero: dense, resolved
@@ -182,6 +220,23 @@ static inline GDN__HOST_DEVICE int64_t gdn__ring_record_bytes(int32_t HK, int32_
     return gdn__ring_u_offset(HK, HV, K) + (int64_t)HV * V * 4;
 }
 
+/* With the mixer's conv: one stored token of the fold strategy is raw x [conv_dim], a, b (2-byte
+ * inputs, rounded up to 16 bytes); one ring record is raw x [conv_dim] and a [HV], padded to 16
+ * bytes, then u [HV, V] fp32. */
+static inline GDN__HOST_DEVICE int64_t gdn__mixer_token_elems(int32_t conv_dim, int32_t HV)
+{
+    return ((int64_t)conv_dim + 2 * (int64_t)HV + 7) / 8 * 8;
+}
+static inline GDN__HOST_DEVICE int64_t gdn__mixer_record_a_offset(int32_t conv_dim) { return (int64_t)conv_dim * 2; }
+static inline GDN__HOST_DEVICE int64_t gdn__mixer_record_u_offset(int32_t conv_dim, int32_t HV)
+{
+    return (gdn__mixer_record_a_offset(conv_dim) + (int64_t)HV * 2 + 15) / 16 * 16;
+}
+static inline GDN__HOST_DEVICE int64_t gdn__mixer_record_bytes(int32_t conv_dim, int32_t HV, int32_t V)
+{
+    return gdn__mixer_record_u_offset(conv_dim, HV) + (int64_t)HV * V * 4;
+}
+
 /* Elements of one stored token (k, v, a, b), rounded up to 16 bytes of 2-byte inputs so that every
  * stored token starts 16-byte aligned (the CUDA kernel copies them with 16-byte cp.async). Host and
  * device. */
@@ -215,6 +270,15 @@ typedef struct gdn__commit_params {
      * are NULL. */
     int32_t *ring_count;
     int64_t counts_layer_stride; /* int32 elements */
+    /* Mixer conv under the cache strategy (conv_width > 0, x_store != NULL): for every layer, the
+     * window of w becomes the last W - 1 of [window of r; x_store row i tokens 0..n-1] (n > 0). */
+    int32_t conv_width, conv_dim;
+    gdn_dtype input_dtype;
+    void *conv_state;
+    int64_t conv_slot_stride, conv_token_stride, conv_channel_stride, conv_layer_stride; /* elements */
+    const void *x_store;
+    int32_t x_store_tokens;
+    int64_t x_store_layer_stride; /* elements */
 } gdn__commit_params;
 
 /* Device-side slot operations (one launch for all layers): first, when set_at != NULL,

@@ -30,6 +30,33 @@ extern "C" {
 
 /* gdn_view (a strided per-token tensor) is declared in gdn.h. */
 
+/*
+ * The whole mixer step (SPEC 6), optional: a depthwise causal conv (width W, SiLU) over the row's
+ * raw input x = q | k | v with a per-slot conv state, and a gated RMSNorm of the output. The conv
+ * state of slot s (the window of its previous W - 1 inputs, oldest first, in the op's input dtype):
+ * row j, channel c at data + s * slot_stride + j * token_stride + c * channel_stride elements. With
+ * token_stride and channel_stride both 0 it is dense [W - 1][conv_dim] (vLLM's [conv_dim][W - 1]
+ * is token_stride 1, channel_stride W - 1). It follows the state through every strategy: padding rows
+ * touch neither, a decode advances both, a verify neither until its commit, which advances both by
+ * the accepted tokens; slot operations cover both.
+ */
+typedef struct gdn_conv_pool {
+    void *data;
+    int64_t slot_stride;    /* elements between slots, >= (W - 1) * conv_dim when dense */
+    int64_t token_stride;   /* elements between window rows */
+    int64_t channel_stride; /* elements between channels */
+} gdn_conv_pool;
+
+typedef struct gdn_mixer {
+    int32_t conv_width;           /* W in 2..4; 0: no conv (q, k, v are given) */
+    gdn_dtype conv_weight_dtype;  /* F32 or BF16 */
+    const void *conv_weight;      /* [conv_dim][W], conv_dim = 2 HK K + HV V; tap W-1 meets x */
+    const void *conv_bias;        /* [conv_dim] in conv_weight_dtype, or NULL */
+    gdn_conv_pool conv;           /* the caller's conv states, pool.num_slots of them */
+    const float *norm_weight;     /* [V] fp32; NULL: no norm (the output is o) */
+    float norm_eps;               /* 0: 1e-6 */
+} gdn_mixer;
+
 /* One layer step. */
 typedef struct gdn_op_layer {
     gdn_backend_kind backend; /* CPU or CUDA */
@@ -40,7 +67,11 @@ typedef struct gdn_op_layer {
     int32_t tokens;           /* T */
     int32_t batch;            /* rows, >= 0 */
     gdn_view q, k, v, a, b;   /* [batch, T, HK, K] x 2, [batch, T, HV, V], [batch, T, HV] x 2 */
-    gdn_view o;               /* [batch, T, HV, V] output */
+    gdn_view o;               /* [batch, T, HV, V] output (y with the mixer's norm) */
+    const gdn_mixer *mixer;   /* NULL: the recurrence alone (SPEC 1) */
+    gdn_view x;               /* with the conv: [batch, T, conv_dim] raw input (head_stride unused);
+                               * q, k, v are then not read and may be NULL */
+    gdn_view z;               /* with the norm: [batch, T, HV, V] gate input */
     const float *A_log;       /* [HV] */
     const float *dt_bias;     /* [HV] */
     gdn_state_pool pool;      /* the caller's pool (dtype F32 or BF16; slot_stride >= HV * V * K) */
@@ -71,8 +102,10 @@ GDN_API size_t gdn_op_workspace_bytes(const gdn_op_layer *op);
  * the workspace; FOLD and RING as in gdn.h. Returns, changing nothing: GDN_EINVAL (NULL op or a
  * required pointer, AUTO backend, AUTO strategy, a model or dtype outside gdn.h's ranges),
  * GDN_ESTEP_KIND, GDN_ESTEP_TOKENS (decode with T != 1, verify outside 1..max_tokens),
- * GDN_ESTEP_BATCH (batch < 0 or > max_batch), GDN_ENOTSUP (alignment on CUDA), GDN_ENODEV (CUDA in a
- * build without it); GDN_ECUDA when the launch fails.
+ * GDN_ESTEP_BATCH (batch < 0 or > max_batch), GDN_ENOTSUP (alignment on CUDA; a mixer on CUDA, not
+ * built yet), GDN_ENODEV (CUDA in a build without it); GDN_ECUDA when the launch fails. A mixer:
+ * GDN_EINVAL for a conv width outside 2..4 (0: none), a NULL conv weight, conv pool, x (with the
+ * conv) or z (with the norm), or a window that is not one contiguous block per slot.
  */
 GDN_API gdn_status gdn_op_layer_step(const gdn_op_layer *op, void *stream);
 
@@ -93,6 +126,9 @@ GDN_API gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted
  *     memory), pending work dropped; slot_reset: the same with zeros.
  *   slot_export: dst becomes the slot's current state (under fold and ring its pending work is
  *     written back in place first).
+ *   With the mixer's conv the window lives in the caller's conv pool: flush and export bring it up
+ *     to date in place (read it there after them), copy carries it, reset zeroes it; import leaves
+ *     it to the caller (write it there).
  * GDN_ESLOT_RANGE for a slot outside the pool, GDN_EINVAL for NULL buffers, dst == src, or (flush,
  * export under fold and ring) NULL A_log / dt_bias; GDN_ESTEP_BATCH for a count outside
  * 0..max_batch; the description's own codes as gdn_op_layer_step.

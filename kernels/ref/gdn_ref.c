@@ -101,9 +101,9 @@ static void store_to_cache(void *user, int32_t t, const double *S)
 size_t gdn__ref_scratch_bytes(void)
 {
     /* The state, q, k, v, o and (ring) u of up to GDN_MAX_TOKENS tokens, and room for one folded
-     * token's k and v (fold) or one ring record's k^ and u (ring) past them. */
+     * token's k and v (fold) or one ring record's k^ and u (ring) past them, and one head's z. */
     const size_t max_dim = 256;
-    return sizeof(double) * (max_dim * max_dim + 5 * GDN_MAX_TOKENS * max_dim + 2 * max_dim);
+    return sizeof(double) * (max_dim * max_dim + 5 * GDN_MAX_TOKENS * max_dim + 3 * max_dim);
 }
 
 gdn_status gdn__ref_layer_step(const gdn__layer_params *p)
@@ -115,73 +115,197 @@ gdn_status gdn__ref_layer_step(const gdn__layer_params *p)
     return GDN_OK;
 }
 
-/* Fold strategy: widens stored token t of `slot` for value head h (key head kh). */
+/* ---------------------------------------------------------------------------------------------- */
+/* The mixer's conv state and gated norm (SPEC 6)                                                   */
+/* ---------------------------------------------------------------------------------------------- */
+
+static int conv_on(const gdn__layer_params *p) { return p->mixer.conv_width > 0; }
+
+/* Element (row j, channel c) of slot s's window. */
+static int64_t window_at(const gdn__mixer_params *m, int64_t s, int32_t j, int32_t c)
+{
+    return s * m->conv_slot_stride + (int64_t)j * m->conv_token_stride + (int64_t)c * m->conv_channel_stride;
+}
+
+/* The resolved window strides: both 0 means dense [W - 1][conv_dim]. */
+static gdn__mixer_params mixer_resolved(const gdn__mixer_params *in)
+{
+    gdn__mixer_params m = *in;
+    if (m.conv_token_stride == 0 && m.conv_channel_stride == 0) m.conv_token_stride = m.conv_dim, m.conv_channel_stride = 1;
+    return m;
+}
+
+static void load_window(const gdn__layer_params *p, const gdn__mixer_params *m, int64_t s, double *win)
+{
+    for (int32_t j = 0; j + 1 < m->conv_width; j++)
+        for (int32_t c = 0; c < m->conv_dim; c++)
+            win[(int64_t)j * m->conv_dim + c] = gdn__load_f32(m->conv_state, p->input_dtype, window_at(m, s, j, c));
+}
+
+static void store_window(const gdn__layer_params *p, const gdn__mixer_params *m, int64_t s, const double *win)
+{
+    for (int32_t j = 0; j + 1 < m->conv_width; j++)
+        for (int32_t c = 0; c < m->conv_dim; c++)
+            gdn__store_f32(m->conv_state, p->input_dtype, window_at(m, s, j, c), (float)win[(int64_t)j * m->conv_dim + c]);
+}
+
+/* One token through the conv: out = SiLU(sum_j w[c, j] [win; x]_j + bias), then the window moves
+ * on by x. win [W - 1][C], x [C] raw inputs (exact in double), out [C]. */
+static void conv_token(const gdn__mixer_params *m, double *win, const double *x, double *out)
+{
+    const int32_t W = m->conv_width, C = m->conv_dim;
+    for (int32_t c = 0; c < C; c++) {
+        double acc = m->conv_bias ? gdn__load_f32(m->conv_bias, m->conv_weight_dtype, c) : 0.0;
+        for (int32_t j = 0; j < W; j++) {
+            const double in = j + 1 < W ? win[(int64_t)j * C + c] : x[c];
+            acc += (double)gdn__load_f32(m->conv_weight, m->conv_weight_dtype, (int64_t)c * W + j) * in;
+        }
+        out[c] = acc / (1.0 + exp(-acc));
+    }
+    for (int32_t j = 0; j + 2 < W; j++) memcpy(win + (int64_t)j * C, win + (int64_t)(j + 1) * C, sizeof(double) * (size_t)C);
+    if (W > 1) memcpy(win + (int64_t)(W - 2) * C, x, sizeof(double) * (size_t)C);
+}
+
+/* y = o rsqrt(mean(o^2) + eps) norm_weight z sigmoid(z) over one head's V values, in place. */
+static void gated_norm(const gdn__mixer_params *m, int32_t V, double *o, const double *z)
+{
+    double sum = 0.0;
+    for (int32_t c = 0; c < V; c++) sum += o[c] * o[c];
+    const double scale = 1.0 / sqrt(sum / V + (m->norm_eps > 0.0f ? m->norm_eps : 1e-6));
+    for (int32_t c = 0; c < V; c++) o[c] = o[c] * scale * m->norm_weight[c] * z[c] / (1.0 + exp(-z[c]));
+}
+
+/* Scratch of the mixer's row preparation past the base scratch: the window and every token's conv
+ * output (folded or recorded ones, then the step's own). */
+size_t gdn__ref_mixer_scratch_bytes(int32_t conv_dim, int32_t conv_width, int32_t tokens)
+{
+    return sizeof(double) * ((size_t)(conv_width > 1 ? conv_width - 1 : 0) * (size_t)conv_dim * 2 +
+                             (size_t)tokens * (size_t)conv_dim + (size_t)conv_dim);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Stored tokens (fold) and ring records                                                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+static int64_t stored_token_elems(const gdn__layer_params *p)
+{
+    return conv_on(p) ? gdn__mixer_token_elems(p->mixer.conv_dim, p->HV) : gdn__token_elems(p->HK, p->HV, p->K, p->V);
+}
+/* Where a stored token's a gates start (b follow HV later). */
+static int64_t stored_gates_at(const gdn__layer_params *p)
+{
+    return conv_on(p) ? p->mixer.conv_dim : (int64_t)p->HK * p->K + (int64_t)p->HV * p->V;
+}
+
+/* Fold strategy: widens stored token t of `slot` for value head h (key head kh); with the conv only
+ * its gates (k and v come from the row's conv outputs). */
 static void load_stored_token(const gdn__layer_params *p, int64_t slot, int32_t t, int32_t h, int32_t kh, double *k,
                               double *v, double *a, double *b)
 {
-    const int64_t token = gdn__token_elems(p->HK, p->HV, p->K, p->V);
-    const int64_t base = (slot * p->store_tokens + t) * token;
-    const int64_t v_at = base + (int64_t)p->HK * p->K, gates_at = v_at + (int64_t)p->HV * p->V;
-    widen(p->token_store, p->input_dtype, base + (int64_t)kh * p->K, p->K, k);
-    widen(p->token_store, p->input_dtype, v_at + (int64_t)h * p->V, p->V, v);
+    const int64_t base = (slot * p->store_tokens + t) * stored_token_elems(p);
+    const int64_t gates_at = base + stored_gates_at(p);
+    if (!conv_on(p)) {
+        widen(p->token_store, p->input_dtype, base + (int64_t)kh * p->K, p->K, k);
+        widen(p->token_store, p->input_dtype, base + (int64_t)p->HK * p->K + (int64_t)h * p->V, p->V, v);
+    }
     *a = gdn__load_f32(p->token_store, p->input_dtype, gates_at + h);
     *b = gdn__load_f32(p->token_store, p->input_dtype, gates_at + p->HV + h);
 }
 
-/* Fold strategy: copies row i's T tokens (k, v, a, b as given) into `slot`'s stored tokens. */
+/* Row i's raw x of token t (conv), widened. */
+static void load_x(const gdn__layer_params *p, int32_t i, int32_t t, double *x)
+{
+    widen(p->mixer.x, p->input_dtype, i * p->mixer.x_strides.row + t * p->mixer.x_strides.token, p->mixer.conv_dim, x);
+}
+
+/* Copies row i's raw x of token t (conv_dim elements) to dst. */
+static void copy_x(const gdn__layer_params *p, int32_t i, int32_t t, char *dst)
+{
+    const size_t esize = gdn_dtype_size(p->input_dtype);
+    memcpy(dst, (const char *)p->mixer.x + (size_t)(i * p->mixer.x_strides.row + t * p->mixer.x_strides.token) * esize,
+           (size_t)p->mixer.conv_dim * esize);
+}
+
+/* Fold strategy: copies row i's T tokens (k, v, a, b as given; with the conv raw x, a, b) into
+ * `slot`'s stored tokens. */
 static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot)
 {
     const size_t esize = gdn_dtype_size(p->input_dtype);
-    const int64_t token = gdn__token_elems(p->HK, p->HV, p->K, p->V);
-    const int64_t qk = (int64_t)p->HK * p->K, vv = (int64_t)p->HV * p->V;
+    const int64_t token = stored_token_elems(p), gates = stored_gates_at(p);
+    const int64_t qk = (int64_t)p->HK * p->K;
     for (int32_t t = 0; t < p->T; t++) {
         char *dst = (char *)p->token_store + (size_t)((slot * p->store_tokens + t) * token) * esize;
-        for (int32_t kh = 0; kh < p->HK; kh++)
-            memcpy(dst + (size_t)kh * p->K * esize, (const char *)p->k + (size_t)gdn__at(p->k_strides, i, t, kh) * esize,
-                   (size_t)p->K * esize);
+        if (conv_on(p)) {
+            copy_x(p, i, t, dst);
+        } else {
+            for (int32_t kh = 0; kh < p->HK; kh++)
+                memcpy(dst + (size_t)kh * p->K * esize,
+                       (const char *)p->k + (size_t)gdn__at(p->k_strides, i, t, kh) * esize, (size_t)p->K * esize);
+            for (int32_t h = 0; h < p->HV; h++)
+                memcpy(dst + (size_t)(qk + (int64_t)h * p->V) * esize,
+                       (const char *)p->v + (size_t)gdn__at(p->v_strides, i, t, h) * esize, (size_t)p->V * esize);
+        }
         for (int32_t h = 0; h < p->HV; h++) {
-            memcpy(dst + (size_t)(qk + (int64_t)h * p->V) * esize,
-                   (const char *)p->v + (size_t)gdn__at(p->v_strides, i, t, h) * esize, (size_t)p->V * esize);
-            memcpy(dst + (size_t)(qk + vv + h) * esize, (const char *)p->a + (size_t)gdn__at(p->a_strides, i, t, h) * esize,
+            memcpy(dst + (size_t)(gates + h) * esize, (const char *)p->a + (size_t)gdn__at(p->a_strides, i, t, h) * esize,
                    esize);
-            memcpy(dst + (size_t)(qk + vv + p->HV + h) * esize,
+            memcpy(dst + (size_t)(gates + p->HV + h) * esize,
                    (const char *)p->b + (size_t)gdn__at(p->b_strides, i, t, h) * esize, esize);
         }
     }
 }
 
+/* Ring strategy: record layout (with the conv: raw x instead of k). */
+static int64_t record_bytes(const gdn__layer_params *p)
+{
+    return conv_on(p) ? gdn__mixer_record_bytes(p->mixer.conv_dim, p->HV, p->V) : gdn__ring_record_bytes(p->HK, p->HV, p->K, p->V);
+}
+static int64_t record_a_offset(const gdn__layer_params *p)
+{
+    return conv_on(p) ? gdn__mixer_record_a_offset(p->mixer.conv_dim) : gdn__ring_a_offset(p->HK, p->K);
+}
+static int64_t record_u_offset(const gdn__layer_params *p)
+{
+    return conv_on(p) ? gdn__mixer_record_u_offset(p->mixer.conv_dim, p->HV) : gdn__ring_u_offset(p->HK, p->HV, p->K);
+}
+
 /* Ring strategy: the bytes of record j of `slot`. */
 static char *ring_record(const gdn__layer_params *p, int64_t slot, int32_t j)
 {
-    const int64_t bytes = gdn__ring_record_bytes(p->HK, p->HV, p->K, p->V);
-    return (char *)p->ring + (size_t)((slot * p->ring_capacity + j) * bytes);
+    return (char *)p->ring + (size_t)((slot * p->ring_capacity + j) * record_bytes(p));
 }
 
-/* Ring strategy: applies record j of `slot` to value head h's state S [V, K]: S = g S + u k^T. */
-static void apply_ring_record(const gdn__layer_params *p, int64_t slot, int32_t j, int32_t h, int32_t kh, double *S,
-                              double *k_hat, double *u)
+/* Ring strategy: applies record j of `slot` to value head h's state S [V, K]: S = g S + u k^T. k_raw:
+ * the record's k before the norm (the conv's output), or NULL to read it from the record. */
+static void apply_ring_record(const gdn__layer_params *p, int64_t slot, int32_t j, int32_t h, int32_t kh,
+                              const double *k_raw, double *S, double *k_hat, double *u)
 {
     const char *rec = ring_record(p, slot, j);
-    widen(rec, p->input_dtype, (int64_t)kh * p->K, p->K, u); /* u as scratch for the raw k */
-    normalise(u, p->K, 1.0, p->use_qk_l2norm, k_hat);
-    const double g = gdn__ref_decay(gdn__load_f32(rec + gdn__ring_a_offset(p->HK, p->K), p->input_dtype, h),
-                                    p->A_log[h], p->dt_bias[h]);
-    widen(rec + gdn__ring_u_offset(p->HK, p->HV, p->K), GDN_DTYPE_F32, (int64_t)h * p->V, p->V, u);
+    if (!k_raw) {
+        widen(rec, p->input_dtype, (int64_t)kh * p->K, p->K, u); /* u as scratch for the raw k */
+        k_raw = u;
+    }
+    normalise(k_raw, p->K, 1.0, p->use_qk_l2norm, k_hat);
+    const double g = gdn__ref_decay(gdn__load_f32(rec + record_a_offset(p), p->input_dtype, h), p->A_log[h], p->dt_bias[h]);
+    widen(rec + record_u_offset(p), GDN_DTYPE_F32, (int64_t)h * p->V, p->V, u);
     for (int32_t row = 0; row < p->V; row++)
         for (int32_t c = 0; c < p->K; c++) S[(int64_t)row * p->K + c] = g * S[(int64_t)row * p->K + c] + u[row] * k_hat[c];
 }
 
-/* Ring strategy: records base..base+T-1 of `slot` get row i's T tokens' k and a as given. */
+/* Ring strategy: records base..base+T-1 of `slot` get row i's T tokens' k (with the conv: raw x)
+ * and a as given. */
 static void store_ring_inputs(const gdn__layer_params *p, int32_t i, int64_t slot, int32_t base)
 {
     const size_t esize = gdn_dtype_size(p->input_dtype);
     for (int32_t t = 0; t < p->T; t++) {
         char *rec = ring_record(p, slot, base + t);
-        for (int32_t kh = 0; kh < p->HK; kh++)
-            memcpy(rec + (size_t)kh * p->K * esize, (const char *)p->k + (size_t)gdn__at(p->k_strides, i, t, kh) * esize,
-                   (size_t)p->K * esize);
+        if (conv_on(p))
+            copy_x(p, i, t, rec);
+        else
+            for (int32_t kh = 0; kh < p->HK; kh++)
+                memcpy(rec + (size_t)kh * p->K * esize,
+                       (const char *)p->k + (size_t)gdn__at(p->k_strides, i, t, kh) * esize, (size_t)p->K * esize);
         for (int32_t h = 0; h < p->HV; h++)
-            memcpy(rec + gdn__ring_a_offset(p->HK, p->K) + (size_t)h * esize,
+            memcpy(rec + record_a_offset(p) + (size_t)h * esize,
                    (const char *)p->a + (size_t)gdn__at(p->a_strides, i, t, h) * esize, esize);
     }
 }
@@ -206,10 +330,64 @@ static ring_plan plan_ring_row(const gdn__layer_params *p, int64_t r, int64_t w)
     return plan;
 }
 
+/* The row's conv outputs (conv on): the tokens that reach the state before the step's own (fold:
+ * the read slot's pending tokens; ring: its records), then the step's T tokens, each [conv_dim]
+ * post-SiLU, in `out`; `win_before_own` receives the window after the first group, `win` after all. */
+typedef struct row_conv {
+    double *out;
+    double *win, *win_before_own;
+    int32_t first; /* tokens before the step's own */
+} row_conv;
+
+static void prepare_row_conv(const gdn__layer_params *p, const gdn__mixer_params *m, int32_t i, int64_t r,
+                             int32_t first, row_conv *rc)
+{
+    const int32_t C = m->conv_dim;
+    const int64_t window_elems = (int64_t)(m->conv_width - 1) * C;
+    rc->first = first;
+    load_window(p, m, r, rc->win);
+    double *x = rc->out + (int64_t)(first + p->T) * C; /* one token's raw input, past the outputs */
+    for (int32_t j = 0; j < first; j++) {
+        if (p->token_store)
+            widen(p->token_store, p->input_dtype, (r * p->store_tokens + j) * stored_token_elems(p), C, x);
+        else
+            widen(ring_record(p, r, j), p->input_dtype, 0, C, x);
+        conv_token(m, rc->win, x, rc->out + (int64_t)j * C);
+    }
+    memcpy(rc->win_before_own, rc->win, sizeof(double) * (size_t)window_elems);
+    for (int32_t t = 0; t < p->T; t++) {
+        load_x(p, i, t, x);
+        conv_token(m, rc->win, x, rc->out + (int64_t)(first + t) * C);
+    }
+}
+
+/* The output of head h for T tokens of row i, through the gated norm when it is on. */
+static void store_outputs(const gdn__layer_params *p, int32_t i, int32_t h, double *o, double *z_scratch)
+{
+    const int64_t out_row = gdn__at(p->out_strides, i, 0, h), v_token = p->out_strides.token;
+    for (int32_t t = 0; t < p->T; t++) {
+        double *ot = o + (int64_t)t * p->V;
+        if (p->mixer.norm_weight) {
+            widen(p->mixer.z, p->input_dtype, gdn__at(p->mixer.z_strides, i, t, h), p->V, z_scratch);
+            gated_norm(&p->mixer, p->V, ot, z_scratch);
+        }
+        for (int32_t c = 0; c < p->V; c++) gdn__store_f32(p->out, p->output_dtype, out_row + (int64_t)t * v_token + c, (float)ot[c]);
+    }
+}
+
 void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
 {
-    const gdn__layer_params resolved = gdn__layer_params_resolved(params), *p = &resolved;
-    const int32_t T = p->T, HK = p->HK, HV = p->HV, K = p->K, V = p->V;
+    gdn__layer_params resolved = gdn__layer_params_resolved(params);
+    resolved.mixer = mixer_resolved(&params->mixer);
+    if (resolved.mixer.norm_weight && resolved.mixer.z_strides.row == 0 && resolved.mixer.z_strides.token == 0 &&
+        resolved.mixer.z_strides.head == 0)
+        resolved.mixer.z_strides = gdn__dense(resolved.T, resolved.HV, resolved.V);
+    if (conv_on(&resolved) && resolved.mixer.x_strides.row == 0 && resolved.mixer.x_strides.token == 0)
+        resolved.mixer.x_strides = gdn__dense(resolved.T, 1, resolved.mixer.conv_dim);
+    const gdn__layer_params *p = &resolved;
+    const gdn__mixer_params *m = &p->mixer;
+    const int conv = conv_on(p);
+    const int32_t T = p->T, HK = p->HK, HV = p->HV, K = p->K, V = p->V, C = m->conv_dim;
     const int32_t heads_per_key = HV / HK;
     const int64_t state_elems = (int64_t)V * K;
     double *S = scratch;
@@ -219,7 +397,15 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
     double *o = v + (int64_t)T * V;
     double *u = o + (int64_t)GDN_MAX_TOKENS * V; /* ring: the tokens' corrections [T, V] */
     double *record_k = u + (int64_t)GDN_MAX_TOKENS * V, *record_u = record_k + 256;
+    double *zbuf = record_u + 256; /* the norm's z of one head (room in the base scratch: see its size) */
     double a[GDN_MAX_TOKENS], b[GDN_MAX_TOKENS];
+    row_conv rc = {0};
+    if (conv) { /* past the base scratch */
+        const int64_t window_elems = (int64_t)(m->conv_width - 1) * C;
+        rc.win = (double *)((char *)scratch + gdn__ref_scratch_bytes());
+        rc.win_before_own = rc.win + window_elems;
+        rc.out = rc.win_before_own + window_elems;
+    }
 
     for (int32_t i = 0; i < p->B; i++) {
         const int64_t r = p->read_slots[i];
@@ -228,6 +414,12 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
         if (out_of_range && p->error_flag) *p->error_flag = 1;
         const int padding = r < 0 || out_of_range;
         const ring_plan plan = p->ring && !padding ? plan_ring_row(p, r, w) : (ring_plan){0, 0, 0, 0};
+        int32_t folded = 0; /* fold: the read slot's pending tokens */
+        if (p->token_store && !padding) {
+            folded = p->pending[r];
+            folded = folded < 0 ? 0 : (folded > p->store_tokens ? p->store_tokens : folded);
+        }
+        if (conv && !padding) prepare_row_conv(p, m, i, r, p->ring ? plan.h : folded, &rc);
         for (int32_t h = 0; h < HV; h++) {
             const int64_t out_row = gdn__at(p->out_strides, i, 0, h), v_token = p->out_strides.token;
             if (padding) {
@@ -237,62 +429,111 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
                 continue;
             }
             const int32_t kh = h / heads_per_key;
+            /* The step's own tokens: q, k with token stride qk_stride, v with v_stride. */
+            const double *tq = q, *tk = k, *tv = v;
+            int64_t qk_stride = K, v_stride = V;
+            if (conv) {
+                const double *own = rc.out + (int64_t)rc.first * C;
+                tq = own + (int64_t)kh * K, tk = own + (int64_t)HK * K + (int64_t)kh * K;
+                tv = own + 2 * (int64_t)HK * K + (int64_t)h * V;
+                qk_stride = v_stride = C;
+            }
             for (int32_t t = 0; t < T; t++) {
-                widen(p->q, p->input_dtype, gdn__at(p->q_strides, i, t, kh), K, q + (int64_t)t * K);
-                widen(p->k, p->input_dtype, gdn__at(p->k_strides, i, t, kh), K, k + (int64_t)t * K);
-                widen(p->v, p->input_dtype, gdn__at(p->v_strides, i, t, h), V, v + (int64_t)t * V);
+                if (!conv) {
+                    widen(p->q, p->input_dtype, gdn__at(p->q_strides, i, t, kh), K, q + (int64_t)t * K);
+                    widen(p->k, p->input_dtype, gdn__at(p->k_strides, i, t, kh), K, k + (int64_t)t * K);
+                    widen(p->v, p->input_dtype, gdn__at(p->v_strides, i, t, h), V, v + (int64_t)t * V);
+                }
                 a[t] = gdn__load_f32(p->a, p->input_dtype, gdn__at(p->a_strides, i, t, h));
                 b[t] = gdn__load_f32(p->b, p->input_dtype, gdn__at(p->b_strides, i, t, h));
             }
             widen(p->state, p->state_dtype, r * p->slot_stride + h * state_elems, state_elems, S);
             if (p->ring) { /* ring: S_h, then the tokens (their corrections kept as records) */
-                for (int32_t j = 0; j < plan.h; j++) apply_ring_record(p, r, j, h, kh, S, record_k, record_u);
+                for (int32_t j = 0; j < plan.h; j++)
+                    apply_ring_record(p, r, j, h, kh, conv ? rc.out + (int64_t)j * C + (int64_t)HK * K + (int64_t)kh * K : NULL,
+                                      S, record_k, record_u);
                 const int flush_first = plan.flush && (p->T == 0 || p->deferred_verify);
                 if (flush_first) narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
                 if (T == 0) continue;
-                gdn__ref_head_updates(T, K, V, S, q, k, K, v, V, a, b, p->A_log[h], p->dt_bias[h], p->scale,
-                                      p->use_qk_l2norm, o, V, NULL, NULL, u);
-                for (int32_t t = 0; t < T; t++)
-                    for (int32_t c = 0; c < V; c++)
-                        gdn__store_f32(p->out, p->output_dtype, out_row + (int64_t)t * v_token + c,
-                                       (float)o[(int64_t)t * V + c]);
+                gdn__ref_head_updates(T, K, V, S, tq, tk, qk_stride, tv, v_stride, a, b, p->A_log[h], p->dt_bias[h],
+                                      p->scale, p->use_qk_l2norm, o, V, NULL, NULL, u);
+                store_outputs(p, i, h, o, zbuf);
                 if (plan.flush && !flush_first) /* a decode that writes its state back */
                     narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
                 if (plan.keep)
                     for (int32_t t = 0; t < T; t++)
-                        narrow(ring_record(p, w, plan.base + t) + gdn__ring_u_offset(HK, HV, K), GDN_DTYPE_F32,
-                               (int64_t)h * V, V, u + (int64_t)t * V);
+                        narrow(ring_record(p, w, plan.base + t) + record_u_offset(p), GDN_DTYPE_F32, (int64_t)h * V, V,
+                               u + (int64_t)t * V);
                 continue;
             }
             if (p->token_store) { /* fold: fold the slot's accepted tokens first (their outputs unused) */
-                const int32_t n = p->pending[r];
                 /* o is free until the own tokens run; the scratch has room past it for k and v. */
                 double fa[GDN_MAX_TOKENS], fb[GDN_MAX_TOKENS], *fk = o, *fv = o + K;
                 double fo[256];
-                for (int32_t t = 0; t < n; t++) {
+                for (int32_t t = 0; t < folded; t++) {
                     load_stored_token(p, r, t, h, kh, fk, fv, &fa[t], &fb[t]);
-                    gdn__ref_head(1, K, V, S, fk, fk, K, fv, V, &fa[t], &fb[t], p->A_log[h], p->dt_bias[h], p->scale,
+                    const double *ck = fk, *cv = fv;
+                    if (conv) {
+                        const double *c = rc.out + (int64_t)t * C;
+                        ck = c + (int64_t)HK * K + (int64_t)kh * K, cv = c + 2 * (int64_t)HK * K + (int64_t)h * V;
+                    }
+                    gdn__ref_head(1, K, V, S, ck, ck, K, cv, V, &fa[t], &fb[t], p->A_log[h], p->dt_bias[h], p->scale,
                                   p->use_qk_l2norm, fo, V, NULL, NULL);
                 }
-                if (p->deferred_verify) narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
+                if (p->deferred_verify || T == 0)
+                    narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
+                if (T == 0) continue;
             }
             cache_hook_ctx ctx = {p, (int64_t)i * p->cache_row_stride + h * state_elems};
-            gdn__ref_head(T, K, V, S, q, k, K, v, V, a, b, p->A_log[h], p->dt_bias[h], p->scale,
+            gdn__ref_head(T, K, V, S, tq, tk, qk_stride, tv, v_stride, a, b, p->A_log[h], p->dt_bias[h], p->scale,
                           p->use_qk_l2norm, o, V, p->cache ? store_to_cache : NULL, &ctx);
-            for (int32_t t = 0; t < T; t++)
-                for (int32_t c = 0; c < V; c++)
-                    gdn__store_f32(p->out, p->output_dtype, out_row + (int64_t)t * v_token + c,
-                                   (float)o[(int64_t)t * V + c]);
+            store_outputs(p, i, h, o, zbuf);
             if (!p->cache && !(p->token_store && p->deferred_verify))
                 narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
         }
-        if (p->token_store && !padding) { /* the row's bookkeeping, once every head has folded */
+        if (padding) continue;
+        if (conv) { /* the row's window, as its state went */
+            const double *keep = NULL;
+            if (p->ring)
+                keep = !plan.flush ? NULL : (p->T == 0 || p->deferred_verify) ? rc.win_before_own : rc.win;
+            else if (p->token_store)
+                keep = p->deferred_verify || T == 0 ? rc.win_before_own : rc.win;
+            else if (!p->cache)
+                keep = rc.win; /* a decode */
+            if (keep) store_window(p, m, w, keep);
+            if (p->cache && m->x_store) /* a cache verify: the commit advances the window by these */
+                for (int32_t t = 0; t < T; t++)
+                    copy_x(p, i, t, (char *)m->x_store + (size_t)(((int64_t)i * m->x_store_tokens + t) * C) *
+                                                             gdn_dtype_size(p->input_dtype));
+        }
+        if (p->token_store) { /* the row's bookkeeping, once every head has folded */
             if (p->deferred_verify) store_row_tokens(p, i, w);
             p->pending[w] = 0;
         }
-        if (p->ring && !padding) { /* the row's bookkeeping, once every head has read slot r's records */
+        if (p->ring) { /* the row's bookkeeping, once every head has read slot r's records */
             if (plan.keep) store_ring_inputs(p, i, w, plan.base);
             p->ring_count[w] = p->deferred_verify ? plan.base : (plan.keep ? plan.h + 1 : 0);
+        }
+    }
+}
+
+/* Cache strategy with the conv: in every layer, the window of w becomes the last W - 1 rows of
+ * [window of r; row i's first n stored x]. */
+static void advance_windows(const gdn__commit_params *p, int32_t i, int64_t r, int64_t w, int32_t n)
+{
+    const int32_t rows = p->conv_width - 1, C = p->conv_dim;
+    const int64_t token = p->conv_token_stride || p->conv_channel_stride ? p->conv_token_stride : C;
+    const int64_t channel = p->conv_token_stride || p->conv_channel_stride ? p->conv_channel_stride : 1;
+    for (int32_t l = 0; l < p->num_layers; l++) {
+        const int64_t state_at = l * p->conv_layer_stride, x_at = l * p->x_store_layer_stride + (int64_t)i * p->x_store_tokens * C;
+        for (int32_t c = 0; c < C; c++) {
+            float seq[GDN_MAX_TOKENS + 3]; /* [window of r; x_0..x_{n-1}] of channel c */
+            for (int32_t j = 0; j < rows; j++)
+                seq[j] = gdn__load_f32(p->conv_state, p->input_dtype, state_at + r * p->conv_slot_stride + j * token + c * channel);
+            for (int32_t t = 0; t < n; t++) seq[rows + t] = gdn__load_f32(p->x_store, p->input_dtype, x_at + (int64_t)t * C + c);
+            for (int32_t j = 0; j < rows; j++)
+                gdn__store_f32(p->conv_state, p->input_dtype, state_at + w * p->conv_slot_stride + j * token + c * channel,
+                               seq[n + j]);
         }
     }
 }
@@ -320,6 +561,7 @@ void gdn__ref_commit(const gdn__commit_params *p)
             continue;
         }
         if (n == 0) continue;
+        if (p->conv_width > 0 && p->x_store) advance_windows(p, i, r, w, n);
         for (int32_t l = 0; l < p->num_layers; l++) {
             char *dst = (char *)p->state + (size_t)(l * p->state_layer_stride + w * p->slot_stride) * elem;
             const char *src = (const char *)p->cache +

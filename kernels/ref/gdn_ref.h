@@ -43,6 +43,9 @@ void gdn__ref_head_updates(int32_t T, int32_t K, int32_t V, double *S, const dou
 
 /* Bytes of scratch gdn__ref_layer_step_in needs for any supported shape (K, V <= 256). */
 size_t gdn__ref_scratch_bytes(void);
+/* With the mixer's conv (SPEC 6): the scratch past gdn__ref_scratch_bytes() that a step needs, for
+ * up to `tokens` tokens a row (folded or recorded ones plus the step's own). */
+size_t gdn__ref_mixer_scratch_bytes(int32_t conv_dim, int32_t conv_width, int32_t tokens);
 
 /* The whole layer step (every row, every value head), sequentially, using caller scratch. */
 void gdn__ref_layer_step_in(const gdn__layer_params *p, void *scratch);
