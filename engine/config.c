@@ -2,8 +2,12 @@
 #include "config.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kernels/gdn_kernel_params.h"
+#include "kernels/ref/gdn_ref.h"
 
 typedef struct model_preset {
     const char *name;
@@ -76,6 +80,140 @@ static int view_keeps(const gdn_view *v, uintptr_t bytes, int64_t elements)
            v->head_stride % elements == 0;
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Size arithmetic (issue 17.6)                                                                     */
+/* ---------------------------------------------------------------------------------------------- */
+
+/*
+ * Every byte count of an engine, or of an op layer's workspace, must fit in int64_t (the op layer's
+ * offsets) and in size_t (the allocations). The validator computes them here with checked arithmetic,
+ * before anything is allocated, grouped by the field that sizes them, and refuses a configuration
+ * whose sizes do not fit with that field's status:
+ *
+ *   slot part   (GDN_ECONFIG_SLOTS)      the pool: num_slots x HV x V x K x state size (the caller's
+ *                                        state_pool: its layer stride x state size, GDN_ECONFIG_POOL);
+ *                                        fold / ring: num_slots x one slot's stored tokens (max_tokens
+ *                                        x token elems x input size) or ring (capacity x record bytes),
+ *                                        and num_slots int32 counts
+ *   batch part  (GDN_ECONFIG_MAX_BATCH)  cache: max_batch x max_tokens x HV x V x K x state size;
+ *                                        fold / ring: max_batch arrival counters and the flush row;
+ *                                        the CPU reference's scratch unless the backend is CUDA; the
+ *                                        io buffers (not with the caller's io_views): max_batch x
+ *                                        max_tokens x (2 HK K + HV V + 2 HV) x input size and
+ *                                        max_batch x max_tokens x HV x V x output size
+ *   one layer   = slot part + batch part + A_log and dt_bias (2 HV floats); when the sum does not fit,
+ *                 the larger part's status
+ *   total       = num_layers x one layer  (GDN_ECONFIG_LAYERS), + the index block (3 max_batch + 2)
+ *                 int32: everything is checked against the limit less the index block
+ *
+ * Each buffer's parts are 256-byte aligned as engine/op.c and engine/engine.c lay them out, so a
+ * configuration that passes has no size that overflows (the engine's own allocations are at most
+ * these: its CPU backend counts the scratch once, not per layer). The int32 index arithmetic adds two
+ * bounds: 3 max_batch + 2 (the index block) <= INT32_MAX (GDN_ECONFIG_MAX_BATCH), and 2 max_batch +
+ * num_slots + 8 (a staging entry: a step's read and write rows and up to every slot's count clear)
+ * <= INT32_MAX (GDN_ECONFIG_SLOTS).
+ */
+#define SIZE_LIMIT ((int64_t)((uint64_t)SIZE_MAX < (uint64_t)INT64_MAX ? (uint64_t)SIZE_MAX : (uint64_t)INT64_MAX))
+
+/* Checked products, sums and 256-byte round-ups of byte counts: -1 (sticky) when the result would
+ * pass `limit` or an operand is already -1. */
+static int64_t mul_upto(int64_t a, int64_t b, int64_t limit)
+{
+    if (a < 0 || b < 0) return -1;
+    return a != 0 && b > limit / a ? -1 : a * b;
+}
+static int64_t add_upto(int64_t a, int64_t b, int64_t limit)
+{
+    if (a < 0 || b < 0) return -1;
+    return b > limit - a ? -1 : a + b;
+}
+static int64_t align256_upto(int64_t a, int64_t limit)
+{
+    if (a < 0 || a > limit - 255) return -1;
+    return (a + 255) / 256 * 256;
+}
+
+/* The strategy gdn__config_resolve picks (AUTO: see GDN_VERIFY_AUTO for the measurements). */
+static gdn_verify_strategy resolved_strategy(const gdn_engine_config *c)
+{
+    if (c->verify_strategy != GDN_VERIFY_AUTO) return c->verify_strategy;
+    return c->max_tokens > 1 && c->max_batch >= 16 ? GDN_VERIFY_FOLD : GDN_VERIFY_CACHE;
+}
+
+/* The size checks above, for a configuration whose fields are each valid. */
+static gdn_status check_sizes(const gdn_engine_config *c)
+{
+    const gdn_model_config *m = &c->model;
+    /* Products of int32 fields, head dims (<= 256) and element sizes (<= 4) fit in int64 unchecked
+     * as long as at most one int32 field takes part. */
+    const int64_t HK = m->num_k_heads, HV = m->num_v_heads, K = m->head_dim_k, V = m->head_dim_v;
+    const int64_t state_size = (int64_t)gdn_dtype_size(c->state_dtype);
+    const int64_t in_size = (int64_t)gdn_dtype_size(c->input_dtype), out_size = (int64_t)gdn_dtype_size(c->output_dtype);
+    const int64_t slots = c->num_slots, batch = c->max_batch, tokens = c->max_tokens;
+
+    if (batch > (INT32_MAX - 2) / 3) return GDN_ECONFIG_MAX_BATCH;
+    if (2 * batch + slots + 8 > INT32_MAX) return GDN_ECONFIG_SLOTS;
+    const int64_t limit = SIZE_LIMIT - (3 * batch + 2) * (int64_t)sizeof(int32_t);
+    const gdn_verify_strategy strategy = resolved_strategy(c);
+    const int64_t slot_elems = HV * V * K, slot_bytes = slot_elems * state_size;
+
+    /* The slot part. */
+    int64_t slot_part;
+    if (c->state_pool) {
+        const int64_t stride = c->state_slot_stride ? c->state_slot_stride : slot_elems;
+        slot_part = mul_upto(c->state_layer_stride ? c->state_layer_stride : mul_upto(stride, slots, limit), state_size,
+                             limit);
+        if (slot_part < 0) return GDN_ECONFIG_POOL;
+    } else {
+        slot_part = mul_upto(slots, slot_bytes, limit);
+    }
+    if (strategy != GDN_VERIFY_CACHE) {
+        int64_t side; /* one slot's stored tokens or ring records */
+        if (strategy == GDN_VERIFY_FOLD) {
+            side = tokens * gdn__token_elems(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v) * in_size;
+        } else {
+            const int64_t length = c->ring_length ? c->ring_length : GDN_DEFAULT_RING_LENGTH;
+            side = (length > tokens ? length : tokens) *
+                   gdn__ring_record_bytes(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v);
+        }
+        slot_part = add_upto(slot_part, align256_upto(mul_upto(slots, side, limit), limit), limit);
+        slot_part = add_upto(slot_part, align256_upto(slots * (int64_t)sizeof(int32_t), limit), limit);
+    }
+    if (slot_part < 0) return GDN_ECONFIG_SLOTS;
+
+    /* The batch part. */
+    int64_t batch_part = 0;
+    if (strategy == GDN_VERIFY_CACHE) {
+        batch_part = align256_upto(mul_upto(batch * tokens, slot_bytes, limit), limit);
+    } else {
+        batch_part = align256_upto(batch * (int64_t)sizeof(uint32_t), limit); /* arrival counters */
+        batch_part = add_upto(batch_part, align256_upto((int64_t)sizeof(int32_t), limit), limit); /* flush row */
+    }
+    if (c->backend != GDN_BACKEND_CUDA) /* the CPU reference's scratch */
+        batch_part = add_upto(batch_part, align256_upto((int64_t)gdn__ref_scratch_bytes(), limit), limit);
+    if (!c->io_views) {
+        const int64_t rows = batch * tokens;
+        const int64_t qk = align256_upto(mul_upto(rows, HK * K * in_size, limit), limit);
+        const int64_t v = align256_upto(mul_upto(rows, HV * V * in_size, limit), limit);
+        const int64_t gate = align256_upto(mul_upto(rows, HV * in_size, limit), limit);
+        const int64_t o = align256_upto(mul_upto(rows, HV * V * out_size, limit), limit);
+        batch_part = add_upto(batch_part, mul_upto(2, qk, limit), limit);
+        batch_part = add_upto(batch_part, v, limit);
+        batch_part = add_upto(batch_part, mul_upto(2, gate, limit), limit);
+        batch_part = add_upto(batch_part, o, limit);
+    }
+    if (batch_part < 0) return GDN_ECONFIG_MAX_BATCH;
+
+    /* One layer, then all of them. */
+    const int64_t layer = add_upto(add_upto(slot_part, batch_part, limit), 2 * HV * (int64_t)sizeof(float), limit);
+    if (layer < 0) {
+        if (slot_part < batch_part) return GDN_ECONFIG_MAX_BATCH;
+        return c->state_pool ? GDN_ECONFIG_POOL : GDN_ECONFIG_SLOTS;
+    }
+    if (mul_upto(layer, m->num_layers, limit) < 0) return GDN_ECONFIG_LAYERS;
+    return GDN_OK;
+}
+
 gdn_status gdn_engine_config_validate(const gdn_engine_config *c)
 {
     if (!c) return GDN_EINVAL;
@@ -109,12 +247,14 @@ gdn_status gdn_engine_config_validate(const gdn_engine_config *c)
         return GDN_ECONFIG_BACKEND;
     if (c->graph_mode != GDN_GRAPHS_LAZY && c->graph_mode != GDN_GRAPHS_AT_CREATE && c->graph_mode != GDN_GRAPHS_OFF)
         return GDN_ECONFIG_GRAPHS;
-    if (c->state_pool) {
+    if (c->state_pool) { /* strides in elements; every product checked (SIZE_LIMIT: bytes) */
         const int64_t elems = (int64_t)m->num_v_heads * m->head_dim_v * m->head_dim_k;
-        const int64_t slot = c->state_slot_stride ? c->state_slot_stride : elems;
-        const int64_t layer = c->state_layer_stride ? c->state_layer_stride : slot * c->num_slots;
         const int64_t size = (int64_t)gdn_dtype_size(c->state_dtype);
-        if (c->state_slot_stride < 0 || c->state_layer_stride < 0 || slot < elems || layer < slot * c->num_slots ||
+        if (c->state_slot_stride < 0 || c->state_layer_stride < 0) return GDN_ECONFIG_POOL;
+        const int64_t slot = c->state_slot_stride ? c->state_slot_stride : elems;
+        const int64_t slots_extent = mul_upto(slot, c->num_slots, SIZE_LIMIT / size);
+        const int64_t layer = c->state_layer_stride ? c->state_layer_stride : slots_extent;
+        if (slots_extent < 0 || layer > SIZE_LIMIT / size || slot < elems || layer < slots_extent ||
             (slot * size) % 16 != 0 || (layer * size) % 16 != 0 || (uintptr_t)c->state_pool % 16 != 0)
             return GDN_ECONFIG_POOL;
     }
@@ -126,7 +266,7 @@ gdn_status gdn_engine_config_validate(const gdn_engine_config *c)
             if (!view_keeps(&v->q, 16, 8) || !view_keeps(&v->k, 16, 8) || !view_keeps(&v->v, 4, 2))
                 return GDN_ECONFIG_VIEWS;
         }
-    return GDN_OK;
+    return check_sizes(c);
 }
 
 gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_config *resolved)
@@ -138,9 +278,7 @@ gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_confi
         resolved->num_buckets = gdn__default_buckets(resolved->max_batch, resolved->buckets, GDN_MAX_BUCKETS);
     const char *disable = getenv("GDN_DISABLE_GRAPHS");
     if (disable && strcmp(disable, "1") == 0) resolved->graph_mode = GDN_GRAPHS_OFF;
-    if (resolved->verify_strategy == GDN_VERIFY_AUTO) /* see GDN_VERIFY_AUTO for the measurements */
-        resolved->verify_strategy =
-            resolved->max_tokens > 1 && resolved->max_batch >= 16 ? GDN_VERIFY_FOLD : GDN_VERIFY_CACHE;
+    resolved->verify_strategy = resolved_strategy(resolved);
     if (resolved->ring_length == 0) resolved->ring_length = GDN_DEFAULT_RING_LENGTH;
     if (resolved->model.scale == 0.0f) resolved->model.scale = 1.0f / sqrtf((float)resolved->model.head_dim_k);
     return GDN_OK;

@@ -3,7 +3,11 @@
 #include <math.h>
 #include <string.h>
 
+#include "engine/alloc.h"
 #include "gdn/gdn.h"
+#include "gdn/gdn_op.h"
+#include "kernels/gdn_kernel_params.h"
+#include "kernels/ref/gdn_ref.h"
 #include "support.h"
 
 static gdn_engine_config valid(void) { return test_config("tiny", 2, GDN_DTYPE_F32, 8, 8, 4); }
@@ -306,4 +310,187 @@ Test(config, memory_report_adds_up)
     cr_assert_eq(r.total, r.state_pools + r.verify_cache + r.io_buffers + r.parameters + r.indices);
     cr_assert_eq(gdn_engine_memory(e, NULL), GDN_EINVAL);
     gdn_engine_destroy(e);
+}
+
+/* ---- size arithmetic (issue 17.6): the largest configuration that fits, and one step larger ---- */
+
+__extension__ typedef __int128 wide;
+static const wide size_limit = INT64_MAX; /* = min(INT64_MAX, SIZE_MAX) on a 64-bit host */
+
+static wide align256w(wide x) { return (x + 255) / 256 * 256; }
+
+/* One layer's strategy workspace as engine/op.c lays it out for a CPU op (with the reference's
+ * scratch), in 128-bit arithmetic. */
+static wide workspace_bytes_wide(const gdn_engine_config *c, gdn_verify_strategy strategy)
+{
+    const gdn_model_config *m = &c->model;
+    const wide slot_bytes = (wide)m->num_v_heads * m->head_dim_v * m->head_dim_k * (wide)gdn_dtype_size(c->state_dtype);
+    wide at = 0;
+    if (strategy == GDN_VERIFY_CACHE) {
+        at = align256w((wide)c->max_batch * c->max_tokens * slot_bytes);
+    } else {
+        wide side;
+        if (strategy == GDN_VERIFY_FOLD) {
+            side = (wide)c->max_tokens * gdn__token_elems(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v) *
+                   (wide)gdn_dtype_size(c->input_dtype);
+        } else {
+            const int32_t length = c->ring_length ? c->ring_length : GDN_DEFAULT_RING_LENGTH;
+            side = (wide)(length > c->max_tokens ? length : c->max_tokens) *
+                   gdn__ring_record_bytes(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v);
+        }
+        at = align256w((wide)c->num_slots * side) + align256w((wide)c->num_slots * 4) +
+             align256w((wide)c->max_batch * 4) + align256w(4);
+    }
+    return at + align256w((wide)gdn__ref_scratch_bytes());
+}
+
+/* Everything an engine of this (CPU) configuration sizes, by the rule in engine/config.c: per layer
+ * the pool, the workspace, the io buffers and A_log / dt_bias, times num_layers, plus the index block. */
+static wide engine_bytes_wide(const gdn_engine_config *c, gdn_verify_strategy strategy)
+{
+    const gdn_model_config *m = &c->model;
+    const wide HK = m->num_k_heads, HV = m->num_v_heads, K = m->head_dim_k, V = m->head_dim_v;
+    const wide in = (wide)gdn_dtype_size(c->input_dtype), out = (wide)gdn_dtype_size(c->output_dtype);
+    const wide rows = (wide)c->max_batch * c->max_tokens;
+    const wide pool = (wide)c->num_slots * HV * V * K * (wide)gdn_dtype_size(c->state_dtype);
+    const wide io = 2 * align256w(rows * HK * K * in) + align256w(rows * HV * V * in) + 2 * align256w(rows * HV * in) +
+                    align256w(rows * HV * V * out);
+    const wide layer = pool + workspace_bytes_wide(c, strategy) + io + 2 * HV * 4;
+    return (wide)m->num_layers * layer + (3 * (wide)c->max_batch + 2) * 4;
+}
+
+/* A model whose one slot is 2^48 bytes in fp32 (HV = 2^30, K = V = 256): sizes overflow at small counts. */
+static gdn_engine_config huge(gdn_verify_strategy strategy, int32_t layers, int32_t num_slots, int32_t max_batch,
+                              int32_t max_tokens)
+{
+    gdn_engine_config c = test_config("tiny", layers, GDN_DTYPE_F32, num_slots, max_batch, max_tokens);
+    c.model.num_k_heads = 16;
+    c.model.num_v_heads = 1 << 30;
+    c.model.head_dim_k = c.model.head_dim_v = 256;
+    c.verify_strategy = strategy;
+    return c;
+}
+
+/* The largest value of *field in [1, hi] that validates (validation is monotone in it; 1 does). */
+static int32_t largest_accepted(gdn_engine_config *c, int32_t *field, int32_t hi)
+{
+    int32_t lo = 1;
+    *field = lo;
+    cr_assert_eq(gdn_engine_config_validate(c), GDN_OK);
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo + 1) / 2;
+        *field = mid;
+        if (gdn_engine_config_validate(c) == GDN_OK) lo = mid;
+        else hi = mid - 1;
+    }
+    *field = lo;
+    return lo;
+}
+
+/* Refused with `expected` by validate and create, before create allocated anything. */
+static void expect_refused_before_allocating(const gdn_engine_config *c, gdn_status expected)
+{
+    const uint64_t calls = gdn__allocation_count();
+    const int64_t live = gdn__allocation_live();
+    expect_invalid(c, expected);
+    cr_assert_eq(gdn__allocation_count(), calls, "a refused configuration allocated");
+    cr_assert_eq(gdn__allocation_live(), live);
+}
+
+Test(config, the_largest_slot_count_that_fits_is_accepted_and_one_more_is_refused)
+{
+    const gdn_verify_strategy strategies[] = {GDN_VERIFY_CACHE, GDN_VERIFY_FOLD, GDN_VERIFY_RING};
+    for (size_t i = 0; i < sizeof strategies / sizeof strategies[0]; i++) {
+        gdn_engine_config c = huge(strategies[i], 1, 1, 2, 4);
+        const int32_t n = largest_accepted(&c, &c.num_slots, INT32_MAX - 2 * c.max_batch - 8);
+        cr_assert_gt(n, 1000, "2^63 / 2^48: some 32000 slots");
+        /* n fits, in every size the engine or the op layer computes; n + 1 does not */
+        const wide fits = engine_bytes_wide(&c, strategies[i]);
+        cr_assert(fits <= size_limit, "strategy %d: %d slots are %.4g bytes", strategies[i], n, (double)fits);
+        cr_assert(workspace_bytes_wide(&c, strategies[i]) <= size_limit);
+        gdn_engine_config more = c;
+        more.num_slots = n + 1;
+        cr_assert(engine_bytes_wide(&more, strategies[i]) > size_limit, "strategy %d: %d slots still fit: a tighter rule",
+                  strategies[i], n + 1);
+        expect_refused_before_allocating(&more, GDN_ECONFIG_SLOTS);
+        /* The accepted edge asks the allocator for its real size (no wrap-around to a small one):
+         * 2^63 bytes cannot be had, so create fails cleanly. (The sanitizer build runs with ASan's
+         * allocator_may_return_null=1, as a program that handles NULL from malloc needs.) */
+        const int64_t live = gdn__allocation_live();
+        gdn_engine *sentinel = (gdn_engine *)(uintptr_t)0x1234, *e = sentinel;
+        cr_assert_eq(gdn_engine_create(&c, &e), GDN_ENOMEM);
+        cr_assert_eq(e, sentinel);
+        cr_assert_eq(gdn__allocation_live(), live);
+
+        /* The op layer: the same edge, gdn_op_workspace_bytes exact at n and 0 past it. */
+        gdn_op_layer op = {.backend = GDN_BACKEND_CPU, .model = c.model, .input_dtype = c.input_dtype,
+                           .output_dtype = c.output_dtype, .kind = GDN_STEP_DECODE, .tokens = 1, .batch = 1,
+                           .pool = {(void *)(uintptr_t)256, GDN_DTYPE_F32, n, 0}, .strategy = strategies[i],
+                           .max_batch = c.max_batch, .max_tokens = c.max_tokens};
+        cr_assert(gdn_op_workspace_bytes(&op) == (size_t)workspace_bytes_wide(&c, strategies[i]));
+        op.pool.num_slots = n + 1;
+        cr_assert_eq(gdn_op_workspace_bytes(&op), 0);
+        op.model.num_layers = 1;
+        cr_assert_eq(gdn_op_layer_step(&op, NULL), GDN_ECONFIG_SLOTS);
+    }
+}
+
+Test(config, the_largest_layer_count_and_batch_that_fit_are_accepted_and_one_more_is_refused)
+{
+    /* Layers: 16 slots of 2^48 bytes a layer, some 2^11 layers. */
+    gdn_engine_config c = huge(GDN_VERIFY_CACHE, 1, 16, 1, 1);
+    const int32_t layers = largest_accepted(&c, &c.model.num_layers, INT32_MAX);
+    cr_assert(layers > 1000 && layers < 2048, "%d layers", layers);
+    cr_assert(engine_bytes_wide(&c, GDN_VERIFY_CACHE) <= size_limit);
+    c.model.num_layers = layers + 1;
+    cr_assert(engine_bytes_wide(&c, GDN_VERIFY_CACHE) > size_limit);
+    expect_refused_before_allocating(&c, GDN_ECONFIG_LAYERS);
+
+    /* max_batch: the verify cache (max_batch x 16 tokens x 2^48 bytes) and the io buffers. */
+    c = huge(GDN_VERIFY_CACHE, 1, 1, 1, GDN_MAX_TOKENS);
+    const int32_t batch = largest_accepted(&c, &c.max_batch, (INT32_MAX - 2) / 3);
+    cr_assert(batch > 1000 && batch < 2048, "max_batch %d", batch);
+    cr_assert(engine_bytes_wide(&c, GDN_VERIFY_CACHE) <= size_limit);
+    c.max_batch = batch + 1;
+    cr_assert(engine_bytes_wide(&c, GDN_VERIFY_CACHE) > size_limit);
+    expect_refused_before_allocating(&c, GDN_ECONFIG_MAX_BATCH);
+
+    /* The io buffers (fold: no cache, and one slot). */
+    c = huge(GDN_VERIFY_FOLD, 1, 1, 1, GDN_MAX_TOKENS);
+    const int32_t io_batch = largest_accepted(&c, &c.max_batch, (INT32_MAX - 2) / 3);
+    cr_assert(engine_bytes_wide(&c, GDN_VERIFY_FOLD) <= size_limit);
+    c.max_batch = io_batch + 1;
+    cr_assert(engine_bytes_wide(&c, GDN_VERIFY_FOLD) > size_limit);
+    expect_refused_before_allocating(&c, GDN_ECONFIG_MAX_BATCH);
+}
+
+Test(config, int32_index_arithmetic_bounds_max_batch_and_num_slots)
+{
+    /* The index block holds 3 max_batch + 2 int32 values. */
+    gdn_engine_config c = test_config("tiny", 1, GDN_DTYPE_F32, 1, (INT32_MAX - 2) / 3, 1);
+    cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
+    c.max_batch++;
+    expect_refused_before_allocating(&c, GDN_ECONFIG_MAX_BATCH);
+    /* A staging entry holds 2 max_batch + num_slots values (+ 8 of header room). */
+    c = test_config("tiny", 1, GDN_DTYPE_F32, INT32_MAX - 2 - 8, 1, 1);
+    cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
+    c.num_slots++;
+    expect_refused_before_allocating(&c, GDN_ECONFIG_SLOTS);
+    c.num_slots = INT32_MAX;
+    expect_refused_before_allocating(&c, GDN_ECONFIG_SLOTS);
+}
+
+Test(config, caller_pool_strides_that_overflow_are_refused)
+{
+    gdn_engine_config c = valid(); /* 8 slots of 4 x 64 x 64 fp32 */
+    c.state_pool = (void *)(uintptr_t)4096;
+    c.state_slot_stride = (int64_t)1 << 61; /* x 8 slots overflows int64 elements */
+    expect_refused_before_allocating(&c, GDN_ECONFIG_POOL);
+    c.state_slot_stride = 0;
+    c.state_layer_stride = INT64_MAX / 2; /* x 4 bytes */
+    expect_refused_before_allocating(&c, GDN_ECONFIG_POOL);
+    c.state_layer_stride = (int64_t)1 << 60; /* 2^62 bytes: fits one layer, not two */
+    expect_refused_before_allocating(&c, GDN_ECONFIG_LAYERS);
+    c.model.num_layers = 1;
+    cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
 }
