@@ -479,16 +479,22 @@ int32_t gdn_slot_count(const gdn_engine *e)
     return e ? e->slots.num_slots - e->slots.free_count : 0;
 }
 
-static gdn_status check_slot_layer(const gdn_engine *e, int32_t layer, int32_t slot)
+/* A slot whose state may be read or written now: allocated and, for a write (or any access under
+ * the ring strategy), not needed by the current step: a write would change what a layer still to
+ * run reads, or be lost or mixed at the commit; a ring read writes back in place the records that
+ * the pending commit is about to count. */
+static gdn_status check_slot_layer(const gdn_engine *e, int32_t layer, int32_t slot, int writes)
 {
     if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
-    return gdn__slots_check_live(&e->slots, slot);
+    gdn_status status = gdn__slots_check_live(&e->slots, slot);
+    if (status == GDN_OK && (writes || ring(e)) && step_needs_slot(e, slot)) status = GDN_ESLOT_BUSY;
+    return status;
 }
 
 gdn_status gdn_slot_read_state(gdn_engine *e, int32_t layer, int32_t slot, void *host_dst)
 {
     if (!e || !host_dst) return GDN_EINVAL;
-    gdn_status status = check_slot_layer(e, layer, slot);
+    gdn_status status = check_slot_layer(e, layer, slot, 0);
     void *stream = NULL;
     if (status == GDN_OK) status = begin_synchronous(e, &stream);
     if (status != GDN_OK) return status;
@@ -501,7 +507,7 @@ gdn_status gdn_slot_read_state(gdn_engine *e, int32_t layer, int32_t slot, void 
 gdn_status gdn_slot_write_state(gdn_engine *e, int32_t layer, int32_t slot, const void *host_src)
 {
     if (!e || !host_src) return GDN_EINVAL;
-    gdn_status status = check_slot_layer(e, layer, slot);
+    gdn_status status = check_slot_layer(e, layer, slot, 1);
     void *stream = NULL;
     if (status == GDN_OK) status = begin_synchronous(e, &stream);
     if (status != GDN_OK) return status;

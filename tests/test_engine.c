@@ -759,6 +759,62 @@ static void slots_of_an_unfinished_step_are_refused(slot_release release, uint64
 Test(engine, slots_of_an_unfinished_step_cannot_be_freed) { slots_of_an_unfinished_step_are_refused(release_by_free, 71); }
 Test(engine, slots_of_an_unfinished_step_cannot_be_reset) { slots_of_an_unfinished_step_are_refused(release_by_reset, 72); }
 
+/* State reads and writes in the middle of a step: a write to a slot the step still needs is refused
+ * under every strategy (it would change what a layer still to run reads, or be lost at the commit);
+ * a read is refused under the ring strategy only (it would write back the records the commit is
+ * about to count), and elsewhere returns the state the pool holds. After the commit both work, and
+ * the committed state is the one a step without the attempts gives. */
+static void state_access_mid_step(gdn_verify_strategy strategy, uint64_t seed)
+{
+    gdn_engine_config c = test_config("tiny", 2, GDN_DTYPE_F32, 6, 4, 3);
+    c.verify_strategy = strategy;
+    c.ring_length = 4;
+    gdn_engine *e[2];
+    int32_t slots[2];
+    for (int k = 0; k < 2; k++) {
+        test_rng rng = test_rng_seeded(seed);
+        e[k] = test_engine_create(&c, &rng, NULL);
+        for (int i = 0; i < 2; i++) {
+            cr_assert_eq(gdn_slot_alloc(e[k], &slots[i]), GDN_OK);
+            test_fill_slot_state(e[k], slots[i], &rng);
+        }
+    }
+    const size_t bytes = test_state_bytes(e[0]);
+    unsigned char *buf = malloc(bytes);
+    const int32_t accepted[2] = {2, 1};
+    for (int k = 0; k < 2; k++) {
+        test_run_step(e[k], GDN_STEP_DECODE, 1, 2, slots, NULL); /* records / pending work in place */
+        test_set_accepted(e[k], accepted, 2);
+        gdn_step verify = {.kind = GDN_STEP_VERIFY, .tokens = 3, .batch = 2, .slots = slots};
+        cr_assert_eq(gdn_engine_begin_step(e[k], &verify, NULL, NULL), GDN_OK);
+        if (k == 1) { /* between begin and the layers */
+            cr_assert_eq(gdn_slot_write_state(e[k], 0, slots[0], buf), GDN_ESLOT_BUSY);
+            cr_assert_eq(gdn_slot_read_state(e[k], 0, slots[0], buf),
+                         strategy == GDN_VERIFY_RING ? GDN_ESLOT_BUSY : GDN_OK);
+        }
+        cr_assert_eq(gdn_engine_run_step(e[k], NULL), GDN_OK);
+        if (k == 1) { /* between the verify and its commit */
+            cr_assert_eq(gdn_slot_write_state(e[k], 1, slots[1], buf), GDN_ESLOT_BUSY);
+            cr_assert_eq(gdn_slot_read_state(e[k], 1, slots[1], buf),
+                         strategy == GDN_VERIFY_RING ? GDN_ESLOT_BUSY : GDN_OK);
+        }
+        cr_assert_eq(gdn_engine_commit(e[k], NULL), GDN_OK);
+    }
+    for (int i = 0; i < 2; i++) {
+        unsigned char *a = test_snapshot_slot(e[0], slots[i]), *b = test_snapshot_slot(e[1], slots[i]);
+        cr_assert_eq(memcmp(a, b, 2 * bytes), 0, "slot %d after the commit", slots[i]);
+        free(a), free(b);
+    }
+    cr_assert_eq(gdn_slot_write_state(e[1], 0, slots[0], buf), GDN_OK, "after the commit");
+    free(buf);
+    gdn_engine_destroy(e[0]);
+    gdn_engine_destroy(e[1]);
+}
+
+Test(engine, state_access_mid_step_cache) { state_access_mid_step(GDN_VERIFY_CACHE, 93); }
+Test(engine, state_access_mid_step_fold) { state_access_mid_step(GDN_VERIFY_FOLD, 94); }
+Test(engine, state_access_mid_step_ring) { state_access_mid_step(GDN_VERIFY_RING, 95); }
+
 Test(engine, null_engine_queries_are_safe)
 {
     cr_assert_eq(gdn_engine_backend(NULL), GDN_BACKEND_AUTO);

@@ -538,8 +538,12 @@ GDN_API gdn_status gdn_engine_download(gdn_engine *engine, void *host_dst, const
 /*
  * Copies a slot's state between the pool of `layer` and host memory (dtype elements, HV*V*K of them),
  * synchronously. For tests, prefill hand-off and inspection; not for the step path. The slot must be
- * allocated. With the fold strategy a read first folds the layer's accepted-but-pending tokens into
- * the pool (so it returns the current state), and a write replaces them with the written state.
+ * allocated. A write, and under the ring strategy a read too, returns GDN_ESLOT_BUSY while the
+ * current step still needs the slot (from begin_step until its last layer ran and, for a verify,
+ * until its commit, as gdn_slot_free): a write would change what a layer still to run reads or be
+ * lost at the commit, and a ring read writes back the records the commit is about to count. With
+ * the fold and ring strategies a read first writes the layer's pending work back into the pool (so
+ * it returns the current state), and a write replaces it with the written state.
  */
 GDN_API gdn_status gdn_slot_read_state(gdn_engine *engine, int32_t layer, int32_t slot, void *host_dst);
 GDN_API gdn_status gdn_slot_write_state(gdn_engine *engine, int32_t layer, int32_t slot,
