@@ -401,6 +401,7 @@ static gdn_status one_layer(const gdn_op_layer *op, gdn__op_stack *s)
     s->num_layers = 1;
     s->pool_layer_stride = 0;
     s->workspace_layer_bytes = s->layout.bytes;
+    s->conv_layer_stride = 0;
     return GDN_OK;
 }
 
