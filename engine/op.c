@@ -44,9 +44,9 @@ gdn_status gdn__op_check_description(const gdn_op_layer *op)
 
 /* The mixer's conv width (0: no conv) and conv_dim. */
 static int32_t conv_width_of(const gdn_op_layer *op) { return op->mixer ? op->mixer->conv_width : 0; }
-static int32_t conv_dim_of(const gdn_op_layer *op)
+static int64_t conv_dim_of(const gdn_op_layer *op)
 {
-    return 2 * op->model.num_k_heads * op->model.head_dim_k + op->model.num_v_heads * op->model.head_dim_v;
+    return 2 * (int64_t)op->model.num_k_heads * op->model.head_dim_k + (int64_t)op->model.num_v_heads * op->model.head_dim_v;
 }
 
 gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
@@ -57,7 +57,7 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
                   V = op->model.head_dim_v;
     const int64_t slots = op->pool.num_slots, in_size = (int64_t)gdn_dtype_size(op->input_dtype);
     const int conv = conv_width_of(op) > 0;
-    const int32_t C = conv_dim_of(op);
+    const int32_t C = conv ? (int32_t)conv_dim_of(op) : 0; /* check_mixer: it fits */
     int32_t tokens_before_own = 0; /* the most tokens a row folds or replays before its own */
     int64_t at = 0;
     if (op->strategy == GDN_VERIFY_CACHE) {
@@ -101,6 +101,7 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
 size_t gdn_op_workspace_bytes(const gdn_op_layer *op)
 {
     if (!op || gdn__op_check_description(op) != GDN_OK) return 0;
+    if (conv_width_of(op) > 0 && conv_dim_of(op) > INT32_MAX / 4) return 0;
     return (size_t)gdn__op_layout_of(op, 1).bytes;
 }
 
@@ -150,7 +151,7 @@ static gdn__layer_params base_params(const gdn_op_layer *op, const gdn__op_layou
     if (op->mixer) {
         const gdn_mixer *m = op->mixer;
         p.mixer.conv_width = m->conv_width;
-        p.mixer.conv_dim = conv_dim_of(op);
+        p.mixer.conv_dim = (int32_t)conv_dim_of(op);
         p.mixer.conv_weight_dtype = m->conv_weight_dtype;
         p.mixer.conv_weight = m->conv_weight;
         p.mixer.conv_bias = m->conv_bias;
@@ -250,7 +251,7 @@ gdn__commit_params gdn__op_commit_params(const gdn__op_stack *s, const int32_t *
     if (op->mixer && op->mixer->conv_width > 0 && op->strategy == GDN_VERIFY_CACHE) {
         const gdn_mixer *m = op->mixer;
         c.conv_width = m->conv_width;
-        c.conv_dim = conv_dim_of(op);
+        c.conv_dim = (int32_t)conv_dim_of(op);
         c.input_dtype = op->input_dtype;
         c.conv_state = m->conv.data;
         c.conv_slot_stride = m->conv.slot_stride;
@@ -379,6 +380,7 @@ static gdn_status check_mixer(const gdn_op_layer *op)
         if (!m->conv_weight || !m->conv.data) return GDN_EINVAL;
         if (m->conv_weight_dtype != GDN_DTYPE_F32 && m->conv_weight_dtype != GDN_DTYPE_BF16) return GDN_EINVAL;
         const int64_t rows = m->conv_width - 1, C = conv_dim_of(op);
+        if (C > INT32_MAX / 4) return GDN_EINVAL;
         const int dense = m->conv.token_stride == 0 && m->conv.channel_stride == 0;
         const int64_t ts = dense ? C : m->conv.token_stride, cs = dense ? 1 : m->conv.channel_stride;
         const int contiguous = (ts == C && cs == 1) || (ts == 1 && cs == rows);
