@@ -363,6 +363,8 @@ gdn__slot_copy_params gdn__op_export_params(const gdn__op_stack *s, int32_t slot
 static gdn_status check_memory(const gdn_op_layer *op)
 {
     if (!op->pool.data || !op->workspace || op->pool.slot_stride < state_elems(op)) return GDN_EINVAL;
+    /* The pool's extent in bytes must fit int64 (the kernels' offsets). */
+    if (op->pool.slot_stride > INT64_MAX / op->pool.num_slots / (int64_t)gdn_dtype_size(op->pool.dtype)) return GDN_EINVAL;
 #ifndef GDN_HAVE_CUDA
     if (op->backend == GDN_BACKEND_CUDA) return GDN_ENODEV;
 #endif

@@ -93,6 +93,7 @@ MUTATION(null_slots, op->read_slots = NULL)
 MUTATION(null_workspace, op->workspace = NULL)
 MUTATION(null_params, op->A_log = NULL)
 MUTATION(small_slot_stride, op->pool.slot_stride = 4 * 64 * 64 - 1)
+MUTATION(overflowing_slot_stride, op->pool.slot_stride = INT64_MAX / 2)
 
 Test(op, bad_descriptions_are_refused_and_change_nothing)
 {
@@ -124,6 +125,7 @@ Test(op, bad_descriptions_are_refused_and_change_nothing)
         {null_workspace, GDN_EINVAL, "workspace NULL"},
         {null_params, GDN_EINVAL, "A_log NULL"},
         {small_slot_stride, GDN_EINVAL, "slot_stride < HV V K"},
+        {overflowing_slot_stride, GDN_EINVAL, "slot_stride x slots overflows"},
     };
     float *pool_before = malloc(sizeof s->pool);
     memcpy(pool_before, s->pool, sizeof s->pool);
