@@ -1,5 +1,6 @@
 /* The host-API fuzz driver: see fuzz_driver.h. Test-side memory is plain malloc (ASan-checked). */
 #include "fuzz_driver.h"
+#include "row_model.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -486,18 +487,8 @@ static void load_row(fz *f, int32_t layer, int32_t i, double *out)
  * [HV][V][K]; outputs [count][HV][V] into o when not NULL. */
 static void model_tokens(fz *f, int32_t layer, const double *row, int32_t T, int32_t count, double *S, double *o)
 {
-    const double *q = row, *k = q + (size_t)T * f->HK * f->K, *v = k + (size_t)T * f->HK * f->K;
-    const double *a = v + (size_t)T * f->HV * f->V, *b = a + (size_t)T * f->HV;
-    double tmp[256];
-    const int32_t per_key = f->HV / f->HK;
-    for (int32_t tok = 0; tok < count; tok++)
-        for (int32_t h = 0; h < f->HV; h++) {
-            const int32_t kh = h / per_key;
-            gdn__ref_gdn_token(f->K, f->V, S + (size_t)h * f->V * f->K, q + ((size_t)tok * f->HK + kh) * f->K,
-                               k + ((size_t)tok * f->HK + kh) * f->K, v + ((size_t)tok * f->HV + h) * f->V,
-                               a[(size_t)tok * f->HV + h], b[(size_t)tok * f->HV + h], f->A_log[layer][h],
-                               f->dt_bias[layer][h], f->scale, f->l2, o ? o + ((size_t)tok * f->HV + h) * f->V : tmp);
-        }
+    const test_row_model m = {f->HK, f->HV, f->K, f->V, f->A_log[layer], f->dt_bias[layer], f->scale, f->l2};
+    for (int32_t tok = 0; tok < count; tok++) test_model_token(&m, row, T, tok, S, o ? o + (size_t)tok * f->HV * f->V : NULL);
 }
 
 static double ratio_of(double got, double want, double abs_tol, double rel_tol)

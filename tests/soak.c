@@ -35,6 +35,7 @@
 #include "kernels/dtype_convert.h"
 #include "kernels/ref/gdn_mixer_ref.h"
 #include "kernels/ref/gdn_spec.h"
+#include "row_model.h"
 
 enum { LAYERS = 2, SLOTS = 8, MAX_BATCH = 4, MAX_TOKENS = 4, MAX_ROWS = MAX_BATCH };
 
@@ -143,20 +144,11 @@ static void store_state(soak *s, double *dst, const double *src);
 static void model_tokens(soak *s, int32_t layer, const double *row, int32_t T, int32_t count, double *S, double *out,
                          int32_t keep, double *keep_at)
 {
-    const double *q = row, *k = q + (size_t)T * s->HK * s->K, *v = k + (size_t)T * s->HK * s->K;
-    const double *a = v + (size_t)T * s->HV * s->V, *b = a + (size_t)T * s->HV;
-    double tmp[256];
-    const int32_t per_key = s->HV / s->HK;
-    for (int32_t t = 0; t < count; t++)
-        for (int32_t h = 0; h < s->HV; h++) {
-            const int32_t kh = h / per_key;
-            gdn__ref_gdn_token(s->K, s->V, S + (size_t)h * s->V * s->K, q + ((size_t)t * s->HK + kh) * s->K,
-                               k + ((size_t)t * s->HK + kh) * s->K, v + ((size_t)t * s->HV + h) * s->V,
-                               a[(size_t)t * s->HV + h], b[(size_t)t * s->HV + h], s->A_log[layer][h],
-                               s->dt_bias[layer][h], (double)s->cfg.model.scale, 1,
-                               out ? out + ((size_t)t * s->HV + h) * s->V : tmp);
-            if (keep_at && t + 1 == keep && h + 1 == s->HV) store_state(s, keep_at, S);
-        }
+    const test_row_model m = {s->HK, s->HV, s->K, s->V, s->A_log[layer], s->dt_bias[layer], (double)s->cfg.model.scale, 1};
+    for (int32_t t = 0; t < count; t++) {
+        test_model_token(&m, row, T, t, S, out ? out + (size_t)t * s->HV * s->V : NULL);
+        if (keep_at && t + 1 == keep) store_state(s, keep_at, S);
+    }
 }
 
 static void store_state(soak *s, double *dst, const double *src)
