@@ -435,6 +435,15 @@ static gdn_status end_synchronous(gdn_engine *e, void *stream, gdn_status status
     return status == GDN_OK ? e->backend.iface->synchronize(e->backend.ctx, stream) : status;
 }
 
+/* Fold, ring: a zero-token step of `layer` over the one row in the flush row buffer: that slot's
+ * pending tokens or records written into its state in place. */
+static gdn_status write_back_flush_row(gdn_engine *e, int32_t layer, void *stream)
+{
+    const gdn_op_layer op = layer_op(e, layer);
+    const gdn__layer_params p = gdn__op_write_back_params(&op, &e->stack.layout, flush_row_buffer(e), 1);
+    return e->backend.iface->layer_step(e->backend.ctx, &p, stream);
+}
+
 /* Fold, ring: writes the slot's pending tokens or records of one layer into that layer's state (a
  * zero-token step of the one slot), enqueued on `stream`. Layers keep their own pending counts, so
  * the others stay as they are. */
@@ -446,12 +455,7 @@ static gdn_status flush_slot_layer(gdn_engine *e, int32_t slot, int32_t layer, v
     if (e->clear_flag[slot]) /* freed since the last step: its pending tokens belong to the last owner */
         status = clear_pending_layers(e, slot, layer, layer + 1, stream);
     if (status == GDN_OK) status = b->upload(e->backend.ctx, flush_row_buffer(e), &slot, sizeof slot, stream);
-    if (status == GDN_OK) {
-        const gdn_op_layer op = layer_op(e, layer);
-        const gdn__layer_params p = gdn__op_write_back_params(&op, &e->stack.layout, flush_row_buffer(e), 1);
-        status = b->layer_step(e->backend.ctx, &p, stream);
-    }
-    return status;
+    return status == GDN_OK ? write_back_flush_row(e, layer, stream) : status;
 }
 
 gdn_status gdn_slot_reset(gdn_engine *e, int32_t slot, void *stream)
@@ -479,6 +483,15 @@ int32_t gdn_slot_count(const gdn_engine *e)
     return e ? e->slots.num_slots - e->slots.free_count : 0;
 }
 
+/* A slot a device-side operation (or a state write) may touch: allocated and not needed by the
+ * current step. */
+static gdn_status check_idle_slot(const gdn_engine *e, int32_t slot)
+{
+    gdn_status status = gdn__slots_check_live(&e->slots, slot);
+    if (status != GDN_OK) return status;
+    return step_needs_slot(e, slot) ? GDN_ESLOT_BUSY : GDN_OK;
+}
+
 /* A slot whose state may be read or written now: allocated and, for a write (or any access under
  * the ring strategy), not needed by the current step: a write would change what a layer still to
  * run reads, or be lost or mixed at the commit; a ring read writes back in place the records that
@@ -486,9 +499,7 @@ int32_t gdn_slot_count(const gdn_engine *e)
 static gdn_status check_slot_layer(const gdn_engine *e, int32_t layer, int32_t slot, int writes)
 {
     if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
-    gdn_status status = gdn__slots_check_live(&e->slots, slot);
-    if (status == GDN_OK && (writes || ring(e)) && step_needs_slot(e, slot)) status = GDN_ESLOT_BUSY;
-    return status;
+    return writes || ring(e) ? check_idle_slot(e, slot) : gdn__slots_check_live(&e->slots, slot);
 }
 
 gdn_status gdn_slot_read_state(gdn_engine *e, int32_t layer, int32_t slot, void *host_dst)
@@ -889,14 +900,6 @@ gdn_status gdn_engine_step_rows(const gdn_engine *e, const int32_t **read_slots,
 /* Device-side slot operations                                                                      */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* A slot a device-side operation may touch: allocated and not needed by the current step. */
-static gdn_status check_idle_slot(const gdn_engine *e, int32_t slot)
-{
-    gdn_status status = gdn__slots_check_live(&e->slots, slot);
-    if (status != GDN_OK) return status;
-    return step_needs_slot(e, slot) ? GDN_ESLOT_BUSY : GDN_OK;
-}
-
 /* A slot whose counts are about to be overwritten on the device needs no clear from the next
  * fetch (which would run after, and undo, the overwrite). */
 static void drop_staged_clear(gdn_engine *e, int32_t slot)
@@ -926,14 +929,12 @@ gdn_status gdn_slot_copy_async(gdn_engine *e, int32_t dst, int32_t src, void *st
     return status;
 }
 
-static int64_t state_elems_of(const gdn_engine *e) { return state_elems_per_slot(&e->config); }
-
 gdn_status gdn_slot_import_async(gdn_engine *e, int32_t slot, const void *src, int64_t layer_stride, void *stream)
 {
     if (!e) return GDN_EINVAL;
     gdn_status status = check_idle_slot(e, slot);
     if (status != GDN_OK) return status;
-    if (!src || layer_stride < state_elems_of(e)) return GDN_EINVAL;
+    if (!src || layer_stride < state_elems_per_slot(&e->config)) return GDN_EINVAL;
     const gdn__slot_copy_params p = gdn__op_import_params(&e->stack, slot, src, layer_stride);
     status = enqueued_on(e, stream, e->backend.iface->slot_copy(e->backend.ctx, &p, stream));
     if (status == GDN_OK) drop_staged_clear(e, slot);
@@ -945,7 +946,7 @@ gdn_status gdn_slot_export_async(gdn_engine *e, int32_t slot, void *dst, int64_t
     if (!e) return GDN_EINVAL;
     gdn_status status = check_idle_slot(e, slot);
     if (status != GDN_OK) return status;
-    if (!dst || layer_stride < state_elems_of(e)) return GDN_EINVAL;
+    if (!dst || layer_stride < state_elems_per_slot(&e->config)) return GDN_EINVAL;
     const gdn__backend_iface *b = e->backend.iface;
     if (keeps_tokens(e)) {
         /* Write back what is pending, in place: the flush row (a launch that sets it, so that a
@@ -954,11 +955,8 @@ gdn_status gdn_slot_export_async(gdn_engine *e, int32_t slot, void *dst, int64_t
          * cleared first, as the next fetch would. */
         const gdn__slot_copy_params set = gdn__op_set_row_params(&e->stack, flush_row_buffer(e), slot, e->clear_flag[slot]);
         status = b->slot_copy(e->backend.ctx, &set, stream);
-        for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++) {
-            const gdn_op_layer op = layer_op(e, l);
-            const gdn__layer_params p = gdn__op_write_back_params(&op, &e->stack.layout, flush_row_buffer(e), 1);
-            status = b->layer_step(e->backend.ctx, &p, stream);
-        }
+        for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++)
+            status = write_back_flush_row(e, l, stream);
         if (status != GDN_OK) return status;
         drop_staged_clear(e, slot);
     }

@@ -383,8 +383,8 @@ static gdn_status check_mixer(const gdn_op_layer *op)
         if (m->conv_weight_dtype != GDN_DTYPE_F32 && m->conv_weight_dtype != GDN_DTYPE_BF16) return GDN_EINVAL;
         const int64_t rows = m->conv_width - 1, C = conv_dim_of(op);
         if (C > INT32_MAX / 4) return GDN_EINVAL;
-        const int dense = m->conv.token_stride == 0 && m->conv.channel_stride == 0;
-        const int64_t ts = dense ? C : m->conv.token_stride, cs = dense ? 1 : m->conv.channel_stride;
+        int64_t ts, cs;
+        gdn__conv_window_strides(m->conv.token_stride, m->conv.channel_stride, C, &ts, &cs);
         const int contiguous = (ts == C && cs == 1) || (ts == 1 && cs == rows);
         if (!contiguous || m->conv.slot_stride < rows * C) return GDN_EINVAL;
     }

@@ -111,6 +111,15 @@ typedef struct gdn__mixer_params {
     float norm_eps;
 } gdn__mixer_params;
 
+/* A conv pool's window strides with "both 0" resolved to dense [W - 1][conv_dim]. */
+static inline GDN__HOST_DEVICE void gdn__conv_window_strides(int64_t token, int64_t channel, int64_t conv_dim,
+                                                             int64_t *token_out, int64_t *channel_out)
+{
+    const int dense = token == 0 && channel == 0;
+    *token_out = dense ? conv_dim : token;
+    *channel_out = dense ? 1 : channel;
+}
+
 static inline GDN__HOST_DEVICE int gdn__mixer_on(const gdn__mixer_params *m)
 {
     return m->conv_width > 0 || m->norm_weight != NULL;

@@ -131,7 +131,8 @@ static int64_t window_at(const gdn__mixer_params *m, int64_t s, int32_t j, int32
 static gdn__mixer_params mixer_resolved(const gdn__mixer_params *in)
 {
     gdn__mixer_params m = *in;
-    if (m.conv_token_stride == 0 && m.conv_channel_stride == 0) m.conv_token_stride = m.conv_dim, m.conv_channel_stride = 1;
+    gdn__conv_window_strides(in->conv_token_stride, in->conv_channel_stride, in->conv_dim, &m.conv_token_stride,
+                             &m.conv_channel_stride);
     return m;
 }
 
@@ -522,8 +523,8 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
 static void advance_windows(const gdn__commit_params *p, int32_t i, int64_t r, int64_t w, int32_t n)
 {
     const int32_t rows = p->conv_width - 1, C = p->conv_dim;
-    const int64_t token = p->conv_token_stride || p->conv_channel_stride ? p->conv_token_stride : C;
-    const int64_t channel = p->conv_token_stride || p->conv_channel_stride ? p->conv_channel_stride : 1;
+    int64_t token, channel;
+    gdn__conv_window_strides(p->conv_token_stride, p->conv_channel_stride, C, &token, &channel);
     for (int32_t l = 0; l < p->num_layers; l++) {
         const int64_t state_at = l * p->conv_layer_stride, x_at = l * p->x_store_layer_stride + (int64_t)i * p->x_store_tokens * C;
         for (int32_t c = 0; c < C; c++) {
