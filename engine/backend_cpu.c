@@ -56,9 +56,10 @@ static gdn_status cpu_stage_rows(void *ctx, const int32_t *rows, int32_t count, 
 }
 
 static gdn_status cpu_fetch_rows(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t counts_layer_stride,
-                                 void *stream)
+                                 int overlap, void *stream)
 {
     (void)stream;
+    (void)overlap;
     cpu_backend *cpu = ctx;
     memcpy(dst, cpu->staged, sizeof(int32_t) * (size_t)cpu->staged_count);
     if (pending)

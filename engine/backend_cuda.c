@@ -171,7 +171,7 @@ static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count,
 }
 
 static gdn_status cuda_fetch_rows_here(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers,
-                                       int64_t counts_layer_stride, void *stream)
+                                       int64_t counts_layer_stride, int overlap, void *stream)
 {
     cuda_backend *cu = ctx;
     const gdn__fetch_params p = {
@@ -184,14 +184,16 @@ static gdn_status cuda_fetch_rows_here(void *ctx, int32_t *dst, int32_t *pending
         .pending = pending,
         .num_layers = num_layers,
         .counts_layer_stride = counts_layer_stride,
+        .overlap_preceding = overlap != 0,
     };
     gdn_status status = gdn__cuda_fetch_rows(&p, stream);
     if (status == GDN_ECUDA) record_launch_failure(cu, "gdn__cuda_fetch_rows");
     return status;
 }
 GDN__ON_DEVICE(cuda_fetch_rows,
-               (void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t counts_layer_stride, void *stream),
-               (ctx, dst, pending, num_layers, counts_layer_stride, stream))
+               (void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t counts_layer_stride, int overlap,
+                void *stream),
+               (ctx, dst, pending, num_layers, counts_layer_stride, overlap, stream))
 
 static void cuda_consume_rows(void *ctx) { ((cuda_backend *)ctx)->host_seq++; }
 

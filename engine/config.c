@@ -67,6 +67,7 @@ gdn_status gdn_engine_config_init(gdn_engine_config *config, const gdn_model_con
     config->verify_strategy = GDN_VERIFY_AUTO;
     config->backend = GDN_BACKEND_AUTO;
     config->device = 0;
+    config->launch_overlap = 1;
     config->graph_mode = GDN_GRAPHS_LAZY;
     return GDN_OK;
 }
@@ -278,6 +279,8 @@ gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_confi
         resolved->num_buckets = gdn__default_buckets(resolved->max_batch, resolved->buckets, GDN_MAX_BUCKETS);
     const char *disable = getenv("GDN_DISABLE_GRAPHS");
     if (disable && strcmp(disable, "1") == 0) resolved->graph_mode = GDN_GRAPHS_OFF;
+    const char *overlap = getenv("GDN_LAUNCH_OVERLAP");
+    if (overlap && strcmp(overlap, "0") == 0) resolved->launch_overlap = 0;
     resolved->verify_strategy = resolved_strategy(resolved);
     if (resolved->ring_length == 0) resolved->ring_length = GDN_DEFAULT_RING_LENGTH;
     if (resolved->model.scale == 0.0f) resolved->model.scale = 1.0f / sqrtf((float)resolved->model.head_dim_k);

@@ -56,6 +56,9 @@ struct gdn_engine {
     step_state step;
     void *last_stream;       /* the stream of the engine's last enqueued work (synchronous calls order after it) */
     int enqueued_any;        /* last_stream is set */
+    int launch_overlap;      /* config.launch_overlap, unless GDN_LAUNCH_OVERLAP=0 */
+    int after_fetch;         /* the engine's last enqueue or record was the rows' fetch: the next layer
+                              * kernel reads the rows it wrote, so it must not start before it ends */
 
     /* Step graphs (backends with graph support, graph_mode != OFF). */
     gdn__graph_cache graphs;
@@ -182,6 +185,7 @@ static gdn_status allocate_everything(gdn_engine *e)
         if (!e->clear_list || !e->clear_flag) return GDN_ENOMEM;
     }
     e->use_graphs = e->backend.iface->graph_launch != NULL && c->graph_mode != GDN_GRAPHS_OFF;
+    e->launch_overlap = c->launch_overlap != 0;
     if (e->use_graphs && (status = gdn__graph_cache_init(&e->graphs, c->num_buckets, c->max_tokens)) != GDN_OK)
         return status;
     if ((status = gdn__slots_init(&e->slots, c->num_slots)) != GDN_OK) return status;
@@ -656,11 +660,13 @@ static gdn_op_layer layer_op(const gdn_engine *e, int32_t layer)
     return op;
 }
 
-/* A step of `bucket` rows and `tokens` tokens of one layer, on the engine's rows and tensors. */
-static gdn__layer_params layer_params(const gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens,
-                                      int32_t bucket)
+/* A step of `bucket` rows and `tokens` tokens of one layer, on the engine's rows and tensors, to be
+ * enqueued or recorded next: it overlaps the kernel before it unless that is the rows' fetch. */
+static gdn__layer_params layer_params(gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens, int32_t bucket)
 {
     gdn_op_layer op = layer_op(e, layer);
+    op.overlap_preceding = e->launch_overlap && !e->after_fetch;
+    e->after_fetch = 0;
     const gdn_layer_views *v = &e->views[layer];
     op.kind = kind;
     op.tokens = tokens;
@@ -678,6 +684,7 @@ static gdn__commit_params commit_params(const gdn_engine *e, int32_t tokens, int
     s.op.tokens = tokens;
     s.op.batch = bucket;
     s.op.write_slots = write_slots_buffer(e, bucket);
+    s.op.overlap_preceding = e->launch_overlap; /* the commit waits before any access */
     return gdn__op_commit_params(&s, accepted_buffer(e));
 }
 
@@ -685,8 +692,10 @@ static gdn__commit_params commit_params(const gdn_engine *e, int32_t tokens, int
  * the staged clears of freed slots' pending counts in every layer. */
 static gdn_status fetch_staged_rows(gdn_engine *e, void *stream)
 {
+    e->after_fetch = 1;
     return e->backend.iface->fetch_rows(e->backend.ctx, read_slots_buffer(e), keeps_tokens(e) ? slot_count(e, 0, 0) : NULL,
-                                        e->config.model.num_layers, gdn__op_counts_layer_stride(&e->stack), stream);
+                                        e->config.model.num_layers, gdn__op_counts_layer_stride(&e->stack),
+                                        e->launch_overlap, stream);
 }
 
 /* The staged rows (and clears) went to the device with the work just launched. */

@@ -187,6 +187,7 @@ gdn__layer_params gdn__op_step_params(const gdn_op_layer *op, const gdn__op_layo
 {
     gdn__layer_params p = base_params(op, layout, op->batch, op->tokens, op->kind == GDN_STEP_VERIFY, op->read_slots);
     p.write_slots = op->write_slots;
+    p.overlap_preceding = op->overlap_preceding != 0;
     gdn__layer_params_views(&p, &op->q, &op->k, &op->v, &op->a, &op->b, &op->o);
     if (op->mixer) { /* x: one "head" of conv_dim channels; z as the output */
         p.mixer.x = op->x.data;
@@ -236,6 +237,7 @@ gdn__commit_params gdn__op_commit_params(const gdn__op_stack *s, const int32_t *
         .write_slots = op->write_slots,
         .accepted = accepted,
         .error_flag = op->error_flag,
+        .overlap_preceding = op->overlap_preceding != 0,
         .counts_layer_stride = gdn__op_counts_layer_stride(s),
     };
     char *ws = op->workspace;

@@ -79,6 +79,67 @@ inline cudaError_t gdn__opt_in_shared(Kernel kernel, int bytes, std::atomic<bool
     return err;
 }
 
+/* Programmatic dependent launch (PDL, compute capability 9.0 and up). A kernel launched with
+ * overlap_preceding may start while the kernel before it on the stream is still running, as soon as
+ * every CTA of that kernel has called gdn__allow_dependents() (or exited). Until it returns from
+ * gdn__wait_preceding() it may read only memory that the preceding kernel does not write (slot rows,
+ * the state of its own layer), and it writes nothing. Every kernel of ours calls
+ * gdn__allow_dependents() only after its own wait, so when a kernel starts early, every kernel before
+ * the one preceding it has completed. Without the launch attribute both are no-ops. */
+__device__ __forceinline__ void gdn__wait_preceding()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void gdn__allow_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* True when the current device runs programmatic dependent launches (compute capability >= 9.0),
+ * read once per device. */
+inline bool gdn__overlap_supported(void)
+{
+    static std::atomic<int> known[GDN__MAX_DEVICES]; /* 0 unknown, 1 no, 2 yes */
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    const bool tracked = device >= 0 && device < GDN__MAX_DEVICES;
+    if (tracked) {
+        const int k = known[device].load(std::memory_order_acquire);
+        if (k) return k == 2;
+    }
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+    if (tracked) known[device].store(major >= 9 ? 2 : 1, std::memory_order_release);
+    return major >= 9;
+}
+
+/* Launches `kernel` on `stream`, with programmatic stream serialization when `overlap` is set and the
+ * device supports it (else in plain stream order). Returns the launch's error. */
+template <typename... Params, typename... Args>
+inline cudaError_t gdn__launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                               bool overlap, Args... args)
+{
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    if (overlap && gdn__overlap_supported()) {
+        attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attribute[0].val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = attribute;
+        config.numAttrs = 1;
+    }
+    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
+    if (err != cudaSuccess) cudaGetLastError(); /* reported here: not again by the next check */
+    return err;
+}
+
 /* True when `p` is aligned to `bytes`. */
 static inline bool gdn__aligned(const void *p, uintptr_t bytes) { return ((uintptr_t)p % bytes) == 0; }
 

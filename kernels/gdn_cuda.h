@@ -40,6 +40,7 @@ typedef struct gdn__fetch_params {
     int32_t *pending;       /* fold, ring: layer 0's device counts; NULL: no clears */
     int32_t num_layers;
     long long counts_layer_stride; /* int32 elements between layers' counts */
+    int32_t overlap_preceding;     /* may launch before the preceding kernel ends (it waits before any access) */
 } gdn__fetch_params;
 
 gdn_status gdn__cuda_fetch_rows(const gdn__fetch_params *p, void *stream);

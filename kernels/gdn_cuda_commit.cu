@@ -24,6 +24,8 @@
 template <typename U>
 __global__ void __launch_bounds__(GDN__COMMIT_THREADS) commit_kernel(const gdn__commit_params p, int64_t count)
 {
+    gdn__wait_preceding(); /* the step's last layer, and the sampler's accepted counts */
+    gdn__allow_dependents();
     const int64_t i = blockIdx.y;
     const int64_t l = blockIdx.z;
     const int64_t r = p.read_slots[i];
@@ -66,13 +68,16 @@ template <typename U> static gdn_status launch(const gdn__commit_params *p, int6
     const int64_t chunks = (count + per_cta - 1) / per_cta;
     if (chunks > INT32_MAX) return GDN_ENOTSUP;
     const dim3 grid((unsigned)chunks, (unsigned)p->B, (unsigned)p->num_layers);
-    commit_kernel<U><<<grid, GDN__COMMIT_THREADS, 0, stream>>>(*p, count);
+    GDN__CUDA_TRY(gdn__launch(commit_kernel<U>, grid, dim3(GDN__COMMIT_THREADS), 0, stream, p->overlap_preceding != 0, *p,
+                              count));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
 }
 
 __global__ void __launch_bounds__(128) commit_pending_kernel(const gdn__commit_params p)
 {
+    gdn__wait_preceding();
+    gdn__allow_dependents();
     const int64_t i = blockIdx.x;
     const int64_t r = p.read_slots[i];
     if (r < 0) return;
@@ -99,7 +104,8 @@ extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream
     if (p->B == 0 || p->num_layers == 0) return GDN_OK;
     if (p->pending || p->ring_count) { /* fold, ring: counts only */
         if (!p->read_slots || !p->accepted) return GDN_EINVAL;
-        commit_pending_kernel<<<(unsigned)p->B, 128, 0, static_cast<cudaStream_t>(stream)>>>(*p);
+        GDN__CUDA_TRY(gdn__launch(commit_pending_kernel, dim3((unsigned)p->B), dim3(128), 0,
+                                  static_cast<cudaStream_t>(stream), p->overlap_preceding != 0, *p));
         GDN__CUDA_TRY(gdn__cuda_launch_error());
         return GDN_OK;
     }

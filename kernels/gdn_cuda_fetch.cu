@@ -22,6 +22,8 @@ constexpr int FETCH_THREADS = 256, FETCH_BATCH = 4, FETCH_HEAD = FETCH_THREADS *
 __global__ void __launch_bounds__(FETCH_THREADS) gdn_fetch_rows_kernel(gdn__fetch_params p)
 {
     __shared__ int32_t head[FETCH_HEAD];
+    gdn__wait_preceding(); /* the previous step's kernels may still read the row buffer */
+    gdn__allow_dependents();
     const long long seq = *p.device_seq;
     const volatile int32_t *entry = p.ring + (size_t)(seq % p.ring_entries) * (size_t)p.entry_stride;
     const int32_t head_len = min(p.entry_stride, FETCH_HEAD);
@@ -58,7 +60,8 @@ extern "C" gdn_status gdn__cuda_fetch_rows(const gdn__fetch_params *p, void *str
     if (!p || !p->ring || !p->device_seq || !p->host_done || !p->dst || p->ring_entries < 1 || p->entry_stride < 2 ||
         (p->pending && (p->num_layers < 1 || p->counts_layer_stride < 1)))
         return GDN_EINVAL;
-    gdn_fetch_rows_kernel<<<1, FETCH_THREADS, 0, (cudaStream_t)stream>>>(*p);
+    GDN__CUDA_TRY(gdn__launch(gdn_fetch_rows_kernel, dim3(1), dim3(FETCH_THREADS), 0, (cudaStream_t)stream,
+                              p->overlap_preceding != 0, *p));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
 }

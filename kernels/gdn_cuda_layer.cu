@@ -116,6 +116,8 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD>()))
     const int64_t out_base = gdn__at(p.out_strides, i, 0, h); /* (i, t = 0, h, row 0) */
 
     if (r < 0 || out_of_range) {
+        gdn__wait_preceding(); /* the preceding kernel may still read the output */
+        gdn__allow_dependents();
         if (out_of_range && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
         if (glane == 0)
             for (int t = 0; t < T; t++)
@@ -137,22 +139,34 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD>()))
     shared_tokens s(smem + staged_floats<Geo, SETS>(blockDim.x), K, cta_rows,
                     shared_tokens::capacity(FOLD, p.store_tokens, T), T);
     const int64_t token_elems = gdn__token_elems(HK, HV, K, V);
+    /* Before the wait for the preceding kernel (which writes this step's inputs; overlap_preceding):
+     * only what no kernel of the step writes before this one, slot r's stored tokens and state. */
+    if constexpr (SHARED)
+        for (int j = warp; j < own0; j += warps) {
+            const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
+            stage_token<K, I, false>(s, j, 0, tb + (int64_t)kh * K, nullptr, tb + (int64_t)HK * K + (int64_t)h * V + tile_row0,
+                                     cta_rows, lane);
+        }
+
+    /* Load every owned state row of the first set before the first use: RT * NV independent 16-byte
+     * loads, in flight while the tokens are prepared; the next set's go to shared memory (each thread
+     * copies exactly the vectors it will read back, so no barrier orders them). */
+    const int64_t state_elems = (int64_t)V * K;
+    const S *src = static_cast<const S *>(p.state) + r * p.slot_stride + h * state_elems;
+    float st[RT][NV][EV];
+    load_rows<K, S, Geo>(src, st, row0, glane);
+    gdn__wait_preceding();
+    gdn__allow_dependents();
+
     float a_raw = 0.0f, b_raw = 0.0f; /* token threadIdx.x's gate inputs */
     if constexpr (SHARED) {
-        for (int j = warp; j < tokens; j += warps) {
-            if (FOLD && j < own0) {
-                const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
-                stage_token<K, I, false>(s, j, 0, tb + (int64_t)kh * K, nullptr, tb + (int64_t)HK * K + (int64_t)h * V + tile_row0,
-                                         cta_rows, lane);
-            } else {
-                const int t = j - own0;
-                stage_token<K, I, true>(s, j, t, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh),
-                                        static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh),
-                                        static_cast<const I *>(p.v) + gdn__at(p.v_strides, i, t, h) + tile_row0, cta_rows,
-                                        lane);
-            }
+        for (int j = own0 + warp; j < tokens; j += warps) {
+            const int t = j - own0;
+            stage_token<K, I, true>(s, j, t, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh),
+                                    static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh),
+                                    static_cast<const I *>(p.v) + gdn__at(p.v_strides, i, t, h) + tile_row0, cta_rows, lane);
         }
-        gdn__copy_async_commit();
+        gdn__copy_async_commit(); /* the tokens: one group, before the next set's state */
         if ((int)threadIdx.x < tokens) {
             const int j = threadIdx.x;
             const I *ap, *bp;
@@ -169,13 +183,6 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD>()))
         }
     }
 
-    /* Load every owned state row of the first set before the first use: RT * NV independent 16-byte
-     * loads, in flight while the tokens are prepared; the next set's go to shared memory (each thread
-     * copies exactly the vectors it will read back, so no barrier orders them). */
-    const int64_t state_elems = (int64_t)V * K;
-    const S *src = static_cast<const S *>(p.state) + r * p.slot_stride + h * state_elems;
-    float st[RT][NV][EV];
-    load_rows<K, S, Geo>(src, st, row0, glane);
     uint4 *staged = reinterpret_cast<uint4 *>(smem); /* [RT * NV][threads]: conflict-free */
     /* `after` is 0, computed from values just read from `staged`: the copies cannot overtake them. */
     const auto stage_set = [&](int set, uint32_t after) {
@@ -325,7 +332,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
                                                          shared_tokens::capacity(true, most_tokens, most_tokens), most_tokens))),
             opted_in));
     }
-    kernel<<<grid, warps * 32, smem, stream>>>(*p);
+    GDN__CUDA_TRY(gdn__launch(kernel, grid, dim3(warps * 32), smem, stream, p->overlap_preceding != 0, *p));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
 }

@@ -149,6 +149,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     O *out = static_cast<O *>(p.out);
     const int64_t out_token_stride = p.out_strides.token, out_base = gdn__at(p.out_strides, i, 0, head);
     if (r < 0 || out_of_range) {
+        gdn__wait_preceding(); /* the preceding kernel may still read the output */
+        gdn__allow_dependents();
         if (out_of_range && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
         if (glane == 0)
             for (int t = 0; t < T; t++)
@@ -166,6 +168,9 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     float st[RT][NV][EV];
     load_rows<K, S, Geo>(state_r, st, row0, glane);
     for (int pass = 1; pass < passes; pass++) prefetch_rows<K, S, Geo>(state_r, row0 + pass * pass_rows, glane);
+    /* Only the state before the wait for the preceding kernel (overlap_preceding): it writes the inputs. */
+    gdn__wait_preceding();
+    gdn__allow_dependents();
 
     /* The step's own k and q (raw rows C.. and C + T..; records take rows 0..h-1) and gate inputs do
      * not depend on the ring: in flight before its count is read. */
@@ -455,7 +460,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
                                                                  GDN__RING_MAX_PASSES * 4 * Geo::ROWS_PER_WARP),
                                          opted_in));
     }
-    kernel<<<grid, warps * 32, smem, stream>>>(*p, passes);
+    GDN__CUDA_TRY(gdn__launch(kernel, grid, dim3(warps * 32), smem, stream, p->overlap_preceding != 0, *p, passes));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
 }

@@ -166,6 +166,11 @@ typedef struct gdn__layer_params {
 
     int32_t *error_flag; /* sticky, may be NULL */
 
+    /* CUDA: launch with programmatic dependent launch (cuda_common.cuh, gdn__launch): the kernel
+     * reads its slot rows and its layer's pool, counts and records before the preceding kernel on the
+     * stream has finished, so that kernel must write none of them (it may write the inputs). */
+    int32_t overlap_preceding;
+
     /* Fold strategy; token_store == NULL selects the cache strategy (or a plain update). */
     void *token_store;         /* [num_slots][store_tokens][token elements] in input_dtype */
     int32_t store_tokens;      /* tokens a slot keeps (the engine's max_tokens) */
@@ -271,6 +276,7 @@ typedef struct gdn__commit_params {
     const int32_t *write_slots; /* [B] or NULL */
     const int32_t *accepted;    /* [B] */
     int32_t *error_flag;
+    int32_t overlap_preceding;  /* CUDA: may launch before the preceding kernel ends (it waits before any access) */
     /* Fold strategy: instead of copying from the cache, pending_l[w] = n for every layer (layer l's
      * counts at pending + l * counts_layer_stride); cache is NULL then. */
     int32_t *pending;

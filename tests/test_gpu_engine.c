@@ -22,6 +22,8 @@
 #include <cuda_runtime.h>
 
 int test_gpu_spin(void *stream, double milliseconds);
+int test_gpu_late_writer(void *stream, void *const *dst, const void *const *src, const size_t *bytes, int count,
+                         double milliseconds);
 
 static double now_us(void)
 {
@@ -431,6 +433,108 @@ Test(gpu_engine, every_device_allocation_and_capture_failure_is_reported_and_lea
         gdn_engine_destroy(twin);
         cr_assert_eq(gdn__cuda_live_allocations(), live, "strategy %zu: device allocations left", si);
     }
+}
+
+/* Programmatic dependent launch (launch_overlap): a layer kernel may start while the caller's kernel
+ * before it is still running, but must read the step's inputs only after that kernel ends. Here the
+ * caller's kernel allows its dependents at once, spins 2 ms and only then writes layer 1's inputs
+ * (poisoned until then). Under every strategy, decode and verify + commit steps give outputs and
+ * states bit-exact with a twin engine that has the overlap off and its inputs written up front. */
+static void late_inputs_are_waited_for(gdn_verify_strategy strategy, uint64_t seed)
+{
+    gdn_engine *engines[2];
+    for (int k = 0; k < 2; k++) {
+        gdn_engine_config c = test_config("qwen3-next", 3, GDN_DTYPE_BF16, 40, 32, 4);
+        c.backend = GDN_BACKEND_CUDA;
+        c.verify_strategy = strategy;
+        c.graph_mode = GDN_GRAPHS_OFF;
+        c.launch_overlap = k == 0;
+        test_rng rng = test_rng_seeded(seed);
+        engines[k] = test_engine_create(&c, &rng, NULL);
+        int32_t slot;
+        for (int i = 0; i < 40; i++) {
+            cr_assert_eq(gdn_slot_alloc(engines[k], &slot), GDN_OK);
+            test_fill_slot_state(engines[k], slot, &rng);
+        }
+    }
+    const gdn_engine_config *c = gdn_engine_get_config(engines[0]);
+    const size_t rows_tokens = (size_t)c->max_batch * c->max_tokens, in = gdn_dtype_size(c->input_dtype);
+    const size_t HK = (size_t)c->model.num_k_heads, HV = (size_t)c->model.num_v_heads;
+    const size_t bytes[5] = {rows_tokens * HK * c->model.head_dim_k * in, rows_tokens * HK * c->model.head_dim_k * in,
+                             rows_tokens * HV * c->model.head_dim_v * in, rows_tokens * HV * in, rows_tokens * HV * in};
+    void *side[5];
+    for (int n = 0; n < 5; n++) cr_assert_eq(cudaMalloc(&side[n], bytes[n]), cudaSuccess);
+    cudaStream_t stream;
+    cr_assert_eq(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+
+    const int32_t batches[] = {5, 9, 17, 3}, tokens[] = {1, 3, 4, 1};
+    for (int s = 0; s < 4; s++) {
+        const int32_t B = batches[s], T = tokens[s];
+        const gdn_step_kind kind = T > 1 ? GDN_STEP_VERIFY : GDN_STEP_DECODE;
+        int32_t rows[32], accepted[32];
+        for (int32_t i = 0; i < B; i++) rows[i] = (int32_t)((i * 11 + s * 5) % 40), accepted[i] = (i + s) % (T + 1);
+        for (int32_t i = 0; i < B; i++)
+            for (int32_t j = 0; j < i; j++)
+                if (rows[j] == rows[i]) rows[i] = -1;
+        for (int k = 0; k < 2; k++) {
+            test_rng inputs = test_rng_seeded(seed * 100 + (uint64_t)s);
+            for (int32_t l = 0; l < 3; l++) {
+                test_inputs drawn;
+                test_write_inputs(engines[k], l, B, T, &inputs, &drawn);
+                test_inputs_free(&drawn);
+                test_poison_outputs(engines[k], l);
+            }
+        }
+        /* Engine 0: layer 1's inputs set aside and poisoned; the late writer restores them. */
+        gdn_layer_io io;
+        gdn_engine_layer_io(engines[0], 1, &io);
+        void *dst[5] = {io.q, io.k, io.v, io.a, io.b};
+        for (int n = 0; n < 5; n++) {
+            cr_assert_eq(cudaMemcpy(side[n], dst[n], bytes[n], cudaMemcpyDeviceToDevice), cudaSuccess);
+            cr_assert_eq(cudaMemset(dst[n], 0x7f, bytes[n]), cudaSuccess);
+        }
+        cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+        gdn_step step = {.kind = kind, .tokens = T, .batch = B, .slots = rows};
+        cr_assert_eq(gdn_engine_begin_step(engines[0], &step, stream, NULL), GDN_OK);
+        cr_assert_eq(gdn_engine_run_layer(engines[0], 0, stream), GDN_OK);
+        cr_assert_eq(test_gpu_late_writer(stream, dst, (const void *const *)side, bytes, 5, 2.0), 0);
+        cr_assert_eq(gdn_engine_run_layer(engines[0], 1, stream), GDN_OK);
+        cr_assert_eq(gdn_engine_run_layer(engines[0], 2, stream), GDN_OK);
+        if (kind == GDN_STEP_VERIFY) {
+            cr_assert_eq(gdn_engine_upload(engines[0], gdn_engine_accepted(engines[0]), accepted, sizeof(int32_t) * (size_t)B,
+                                           stream), GDN_OK);
+            cr_assert_eq(gdn_engine_commit(engines[0], stream), GDN_OK);
+        }
+        cr_assert_eq(cudaStreamSynchronize(stream), cudaSuccess);
+        test_run_step(engines[1], kind, T, B, rows, NULL);
+        if (kind == GDN_STEP_VERIFY) {
+            test_set_accepted(engines[1], accepted, B);
+            cr_assert_eq(gdn_engine_commit(engines[1], NULL), GDN_OK);
+        }
+        test_assert_twins_match(engines[0], engines[1], B, T, s);
+    }
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(gdn_engine_check_device_error(engines[k], NULL), GDN_OK);
+        gdn_engine_destroy(engines[k]);
+    }
+    for (int n = 0; n < 5; n++) cudaFree(side[n]);
+    cudaStreamDestroy(stream);
+}
+
+Test(gpu_engine, overlapped_launch_waits_for_late_inputs_cache, .timeout = 300)
+{
+    test_require_gpu();
+    late_inputs_are_waited_for(GDN_VERIFY_CACHE, 31);
+}
+Test(gpu_engine, overlapped_launch_waits_for_late_inputs_fold, .timeout = 300)
+{
+    test_require_gpu();
+    late_inputs_are_waited_for(GDN_VERIFY_FOLD, 32);
+}
+Test(gpu_engine, overlapped_launch_waits_for_late_inputs_ring, .timeout = 300)
+{
+    test_require_gpu();
+    late_inputs_are_waited_for(GDN_VERIFY_RING, 33);
 }
 
 Test(gpu_engine, fold_strategy_runs_on_the_gpu_with_auto_backend)

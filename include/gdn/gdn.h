@@ -236,6 +236,18 @@ typedef struct gdn_engine_config {
     int32_t ring_length;    /* GDN_VERIFY_RING: 0 (GDN_DEFAULT_RING_LENGTH) or 4..32, checked for every strategy */
     gdn_backend_kind backend;
     int32_t device;         /* CUDA device ordinal (CUDA backend) */
+    /*
+     * Programmatic dependent launch (CUDA, compute capability 9.0 and up; 1 from
+     * gdn_engine_config_init, 0: off; the environment variable GDN_LAUNCH_OVERLAP=0 also turns it
+     * off): a layer kernel starts while the kernel before it on the stream is still running, loads
+     * its rows' state, and waits for that kernel only before it reads the step's inputs. It overlaps
+     * the previous layer, or the caller's kernel that writes the inputs when that kernel allows its
+     * dependents to launch early (cudaTriggerProgrammaticLaunchCompletion, or griddepcontrol.launch_dependents,
+     * once its own reads of earlier kernels' results are done); a kernel that does not is simply
+     * waited for, as without the option. The kernel right before a layer must not write that
+     * layer's state pool (a caller-owned pool written by the caller's own kernel: turn this off).
+     */
+    int32_t launch_overlap;
 
     /* CUDA graphs (CUDA backend only; the CPU backend always runs directly). */
     gdn_graph_mode graph_mode;

@@ -88,6 +88,14 @@ typedef struct gdn_op_layer {
     int32_t max_batch;   /* the workspace's shape: most rows, most tokens, ring length (0: 16) */
     int32_t max_tokens;
     int32_t ring_length;
+
+    /* CUDA, compute capability 9.0 and up: nonzero launches the step (and the commit) with
+     * programmatic dependent launch: the kernel loads its rows' state before the kernel preceding it
+     * on the stream has finished and waits for it only before reading q, k, v, a, b, so that kernel
+     * (and any still running when it allows its dependents to launch) must not write read_slots,
+     * write_slots, the pool or the workspace. 0: ordinary stream order. gdn.h's launch_overlap says
+     * what the preceding kernel does to benefit. */
+    int32_t overlap_preceding;
 } gdn_op_layer;
 
 /*
