@@ -10,7 +10,7 @@
 #include "kernels/ref/gdn_ref.h"
 
 typedef struct cpu_backend {
-    void *scratch;      /* gdn__ref_scratch_bytes() */
+    void *scratch;      /* gdn__ref_scratch_bytes() + the mixer's (gdn__ref_mixer_scratch_bytes) */
     int32_t *staged;    /* the staged rows of the next step, then its clears */
     int32_t staged_count;
     int32_t staged_clears;
@@ -148,10 +148,15 @@ static const gdn__backend_iface cpu_iface = {
 
 gdn_status gdn__backend_cpu_create(size_t staging_bytes, gdn__backend *out)
 {
+    return gdn__backend_cpu_create_scratch(staging_bytes, 0, out);
+}
+
+gdn_status gdn__backend_cpu_create_scratch(size_t staging_bytes, size_t extra_scratch, gdn__backend *out)
+{
     cpu_backend *cpu = gdn__calloc(1, sizeof *cpu);
     if (!cpu) return GDN_ENOMEM;
     cpu->staging_capacity = (int32_t)(staging_bytes / sizeof(int32_t));
-    cpu->scratch = gdn__malloc(gdn__ref_scratch_bytes());
+    cpu->scratch = gdn__malloc(gdn__ref_scratch_bytes() + extra_scratch);
     cpu->staged = gdn__calloc((size_t)cpu->staging_capacity + 1, sizeof(int32_t));
     if (!cpu->scratch || !cpu->staged) {
         cpu_destroy(cpu);

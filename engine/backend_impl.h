@@ -72,6 +72,9 @@ typedef struct gdn__backend {
 
 /* Creates the CPU backend. staging_bytes: the largest upload_staged. */
 gdn_status gdn__backend_cpu_create(size_t staging_bytes, gdn__backend *out);
+/* The same with extra_scratch bytes of the reference's scratch past gdn__ref_scratch_bytes() (the
+ * mixer's conv: gdn__ref_mixer_scratch_bytes). */
+gdn_status gdn__backend_cpu_create_scratch(size_t staging_bytes, size_t extra_scratch, gdn__backend *out);
 
 /* Device allocations the CUDA backend has made so far (all engines; tests difference two readings). */
 uint64_t gdn__cuda_device_allocations(void);

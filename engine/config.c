@@ -95,14 +95,20 @@ static int view_keeps(const gdn_view *v, uintptr_t bytes, int64_t elements)
  *                                        state_pool: its layer stride x state size, GDN_ECONFIG_POOL);
  *                                        fold / ring: num_slots x one slot's stored tokens (max_tokens
  *                                        x token elems x input size) or ring (capacity x record bytes),
- *                                        and num_slots int32 counts
+ *                                        and num_slots int32 counts; the mixer's conv pools (num_slots
+ *                                        windows of (W - 1) conv_dim inputs; the caller's conv_pool: its
+ *                                        layer stride, GDN_ECONFIG_CONV_POOL), with the conv the fold
+ *                                        tokens and ring records hold raw x instead of k and v
  *   batch part  (GDN_ECONFIG_MAX_BATCH)  cache: max_batch x max_tokens x HV x V x K x state size;
  *                                        fold / ring: max_batch arrival counters and the flush row;
  *                                        the CPU reference's scratch unless the backend is CUDA; the
  *                                        io buffers (not with the caller's io_views): max_batch x
  *                                        max_tokens x (2 HK K + HV V + 2 HV) x input size and
- *                                        max_batch x max_tokens x HV x V x output size
- *   one layer   = slot part + batch part + A_log and dt_bias (2 HV floats); when the sum does not fit,
+ *                                        max_batch x max_tokens x HV x V x output size (with the mixer:
+ *                                        x instead of q, k, v, and z; the cache's raw x per row; the
+ *                                        reference's conv scratch)
+ *   one layer   = slot part + batch part + A_log and dt_bias (2 HV floats) and the mixer's weights
+ *                 (conv_dim x (W + 1) and V, 4 bytes each at most); when the sum does not fit,
  *                 the larger part's status
  *   total       = num_layers x one layer  (GDN_ECONFIG_LAYERS), + the index block (3 max_batch + 2)
  *                 int32: everything is checked against the limit less the index block
@@ -134,11 +140,38 @@ static int64_t align256_upto(int64_t a, int64_t limit)
     return (a + 255) / 256 * 256;
 }
 
+int gdn__config_mixer_on(const gdn_engine_config *c) { return c->mixer.conv_width > 0 || c->mixer.use_norm != 0; }
+
+int64_t gdn__conv_dim(const gdn_model_config *m)
+{
+    return 2 * (int64_t)m->num_k_heads * m->head_dim_k + (int64_t)m->num_v_heads * m->head_dim_v;
+}
+
+void gdn__conv_pool_strides(const gdn_engine_config *c, int64_t *slot, int64_t *token, int64_t *channel, int64_t *layer)
+{
+    const gdn_conv_pool *p = &c->mixer.conv_pool;
+    const int64_t C = gdn__conv_dim(&c->model), window = (int64_t)(c->mixer.conv_width - 1) * C;
+    *slot = p->data && p->slot_stride ? p->slot_stride : window;
+    if (p->data) gdn__conv_window_strides(p->token_stride, p->channel_stride, C, token, channel);
+    else *token = C, *channel = 1;
+    *layer = p->data && c->mixer.conv_layer_stride ? c->mixer.conv_layer_stride : *slot * c->num_slots;
+}
+
 /* The strategy gdn__config_resolve picks (AUTO: see GDN_VERIFY_AUTO for the measurements). */
 static gdn_verify_strategy resolved_strategy(const gdn_engine_config *c)
 {
     if (c->verify_strategy != GDN_VERIFY_AUTO) return c->verify_strategy;
     return c->max_tokens > 1 && c->max_batch >= 16 ? GDN_VERIFY_FOLD : GDN_VERIFY_CACHE;
+}
+
+int32_t gdn__mixer_scratch_tokens(const gdn_engine_config *c)
+{
+    const gdn_verify_strategy strategy = resolved_strategy(c);
+    const int32_t length = c->ring_length ? c->ring_length : GDN_DEFAULT_RING_LENGTH;
+    const int32_t before = strategy == GDN_VERIFY_FOLD   ? c->max_tokens
+                           : strategy == GDN_VERIFY_RING ? (length > c->max_tokens ? length : c->max_tokens)
+                                                         : 0;
+    return before + c->max_tokens;
 }
 
 /* The size checks above, for a configuration whose fields are each valid. */
@@ -157,6 +190,9 @@ static gdn_status check_sizes(const gdn_engine_config *c)
     const int64_t limit = SIZE_LIMIT - (3 * batch + 2) * (int64_t)sizeof(int32_t);
     const gdn_verify_strategy strategy = resolved_strategy(c);
     const int64_t slot_elems = HV * V * K, slot_bytes = slot_elems * state_size;
+    /* The mixer (its fields already checked: conv_dim <= INT32_MAX / 4 with the conv). */
+    const int conv = c->mixer.conv_width > 0, norm = c->mixer.use_norm != 0;
+    const int64_t C = conv ? gdn__conv_dim(m) : 0, W = conv ? c->mixer.conv_width : 0;
 
     /* The slot part. */
     int64_t slot_part;
@@ -168,14 +204,25 @@ static gdn_status check_sizes(const gdn_engine_config *c)
     } else {
         slot_part = mul_upto(slots, slot_bytes, limit);
     }
+    if (conv) { /* the conv pools: the caller's layer stride, or the engine's dense windows */
+        int64_t cs, ct, cc, cl;
+        gdn__conv_pool_strides(c, &cs, &ct, &cc, &cl);
+        const int64_t conv_part = c->mixer.conv_pool.data ? mul_upto(cl, in_size, limit)
+                                                          : align256_upto(mul_upto(slots, (W - 1) * C * in_size, limit), limit);
+        if (conv_part < 0 && c->mixer.conv_pool.data) return GDN_ECONFIG_CONV_POOL;
+        slot_part = add_upto(slot_part, conv_part, limit);
+    }
     if (strategy != GDN_VERIFY_CACHE) {
         int64_t side; /* one slot's stored tokens or ring records */
         if (strategy == GDN_VERIFY_FOLD) {
-            side = tokens * gdn__token_elems(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v) * in_size;
+            side = tokens * (conv ? gdn__mixer_token_elems((int32_t)C, m->num_v_heads)
+                                  : gdn__token_elems(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v)) *
+                   in_size;
         } else {
             const int64_t length = c->ring_length ? c->ring_length : GDN_DEFAULT_RING_LENGTH;
             side = (length > tokens ? length : tokens) *
-                   gdn__ring_record_bytes(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v);
+                   (conv ? gdn__mixer_record_bytes((int32_t)C, m->num_v_heads, m->head_dim_v)
+                         : gdn__ring_record_bytes(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v));
         }
         slot_part = add_upto(slot_part, align256_upto(mul_upto(slots, side, limit), limit), limit);
         slot_part = add_upto(slot_part, align256_upto(slots * (int64_t)sizeof(int32_t), limit), limit);
@@ -186,27 +233,44 @@ static gdn_status check_sizes(const gdn_engine_config *c)
     int64_t batch_part = 0;
     if (strategy == GDN_VERIFY_CACHE) {
         batch_part = align256_upto(mul_upto(batch * tokens, slot_bytes, limit), limit);
+        if (conv) /* a verify's raw x per row, for the commit's window */
+            batch_part = add_upto(batch_part, align256_upto(mul_upto(batch * tokens, C * in_size, limit), limit), limit);
     } else {
         batch_part = align256_upto(batch * (int64_t)sizeof(uint32_t), limit); /* arrival counters */
         batch_part = add_upto(batch_part, align256_upto((int64_t)sizeof(int32_t), limit), limit); /* flush row */
     }
-    if (c->backend != GDN_BACKEND_CUDA) /* the CPU reference's scratch */
+    if (c->backend != GDN_BACKEND_CUDA) { /* the CPU reference's scratch */
         batch_part = add_upto(batch_part, align256_upto((int64_t)gdn__ref_scratch_bytes(), limit), limit);
+        if (conv)
+            batch_part = add_upto(batch_part,
+                                  align256_upto((int64_t)gdn__ref_mixer_scratch_bytes((int32_t)C, (int32_t)W,
+                                                                                      gdn__mixer_scratch_tokens(c)),
+                                                limit),
+                                  limit);
+    }
     if (!c->io_views) {
         const int64_t rows = batch * tokens;
         const int64_t qk = align256_upto(mul_upto(rows, HK * K * in_size, limit), limit);
         const int64_t v = align256_upto(mul_upto(rows, HV * V * in_size, limit), limit);
         const int64_t gate = align256_upto(mul_upto(rows, HV * in_size, limit), limit);
         const int64_t o = align256_upto(mul_upto(rows, HV * V * out_size, limit), limit);
-        batch_part = add_upto(batch_part, mul_upto(2, qk, limit), limit);
-        batch_part = add_upto(batch_part, v, limit);
+        if (conv) { /* x instead of q, k and v */
+            batch_part = add_upto(batch_part, align256_upto(mul_upto(rows, C * in_size, limit), limit), limit);
+        } else {
+            batch_part = add_upto(batch_part, mul_upto(2, qk, limit), limit);
+            batch_part = add_upto(batch_part, v, limit);
+        }
+        if (norm) batch_part = add_upto(batch_part, align256_upto(mul_upto(rows, HV * V * in_size, limit), limit), limit);
         batch_part = add_upto(batch_part, mul_upto(2, gate, limit), limit);
         batch_part = add_upto(batch_part, o, limit);
     }
     if (batch_part < 0) return GDN_ECONFIG_MAX_BATCH;
 
     /* One layer, then all of them. */
-    const int64_t layer = add_upto(add_upto(slot_part, batch_part, limit), 2 * HV * (int64_t)sizeof(float), limit);
+    int64_t params = align256_upto(2 * HV * (int64_t)sizeof(float), limit); /* A_log, dt_bias; the mixer's weights */
+    if (conv) params = add_upto(params, align256_upto(C * (W + 1) * 4, limit), limit);
+    if (norm) params = add_upto(params, align256_upto(V * 4, limit), limit);
+    const int64_t layer = add_upto(add_upto(slot_part, batch_part, limit), params, limit);
     if (layer < 0) {
         if (slot_part < batch_part) return GDN_ECONFIG_MAX_BATCH;
         return c->state_pool ? GDN_ECONFIG_POOL : GDN_ECONFIG_SLOTS;
@@ -248,6 +312,25 @@ gdn_status gdn_engine_config_validate(const gdn_engine_config *c)
         return GDN_ECONFIG_BACKEND;
     if (c->graph_mode != GDN_GRAPHS_LAZY && c->graph_mode != GDN_GRAPHS_AT_CREATE && c->graph_mode != GDN_GRAPHS_OFF)
         return GDN_ECONFIG_GRAPHS;
+    const gdn_mixer_config *mx = &c->mixer;
+    if (mx->conv_width != 0 && (mx->conv_width < 2 || mx->conv_width > 4)) return GDN_ECONFIG_MIXER;
+    if (mx->conv_weight_dtype != GDN_DTYPE_F32 && mx->conv_weight_dtype != GDN_DTYPE_BF16) return GDN_ECONFIG_MIXER;
+    if (!isfinite(mx->norm_eps) || mx->norm_eps < 0.0f) return GDN_ECONFIG_MIXER;
+    if (mx->conv_width > 0 && gdn__conv_dim(m) > INT32_MAX / 4) return GDN_ECONFIG_MIXER;
+    if (mx->conv_pool.data) { /* the caller's conv pools: one block per slot's window, 2-byte elements */
+        if (mx->conv_width == 0) return GDN_ECONFIG_CONV_POOL;
+        const gdn_conv_pool *p = &mx->conv_pool;
+        if (p->slot_stride < 0 || p->token_stride < 0 || p->channel_stride < 0 || mx->conv_layer_stride < 0 ||
+            (uintptr_t)p->data % 2 != 0)
+            return GDN_ECONFIG_CONV_POOL;
+        int64_t slot, token, channel, layer;
+        const int64_t C = gdn__conv_dim(m), rows = mx->conv_width - 1;
+        gdn__conv_pool_strides(c, &slot, &token, &channel, &layer);
+        const int contiguous = (token == C && channel == 1) || (token == 1 && channel == rows);
+        const int64_t extent = mul_upto(slot, c->num_slots, SIZE_LIMIT / 2);
+        if (!contiguous || slot < rows * C || extent < 0 || layer < extent || layer > SIZE_LIMIT / 2)
+            return GDN_ECONFIG_CONV_POOL;
+    }
     if (c->state_pool) { /* strides in elements; every product checked (SIZE_LIMIT: bytes) */
         const int64_t elems = (int64_t)m->num_v_heads * m->head_dim_v * m->head_dim_k;
         const int64_t size = (int64_t)gdn_dtype_size(c->state_dtype);
@@ -262,8 +345,13 @@ gdn_status gdn_engine_config_validate(const gdn_engine_config *c)
     if (c->io_views)
         for (int32_t l = 0; l < m->num_layers; l++) {
             const gdn_layer_views *v = &c->io_views[l];
-            if (!v->q.data || !v->k.data || !v->v.data || !v->a.data || !v->b.data || !v->o.data)
-                return GDN_ECONFIG_VIEWS;
+            if (!v->a.data || !v->b.data || !v->o.data) return GDN_ECONFIG_VIEWS;
+            if (mx->use_norm && !v->z.data) return GDN_ECONFIG_VIEWS;
+            if (mx->conv_width > 0) { /* x, whole tokens; q, k and v are not read */
+                if (!v->x.data) return GDN_ECONFIG_VIEWS;
+                continue;
+            }
+            if (!v->q.data || !v->k.data || !v->v.data) return GDN_ECONFIG_VIEWS;
             if (!view_keeps(&v->q, 16, 8) || !view_keeps(&v->k, 16, 8) || !view_keeps(&v->v, 4, 2))
                 return GDN_ECONFIG_VIEWS;
         }
@@ -284,6 +372,7 @@ gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_confi
     resolved->verify_strategy = resolved_strategy(resolved);
     if (resolved->ring_length == 0) resolved->ring_length = GDN_DEFAULT_RING_LENGTH;
     if (resolved->model.scale == 0.0f) resolved->model.scale = 1.0f / sqrtf((float)resolved->model.head_dim_k);
+    if (resolved->mixer.use_norm && resolved->mixer.norm_eps == 0.0f) resolved->mixer.norm_eps = 1e-6f;
     return GDN_OK;
 }
 

@@ -11,6 +11,15 @@ int32_t gdn__default_buckets(int32_t max_batch, int32_t *buckets, int32_t capaci
 /* Validates `config` and writes a copy with the defaults filled in (bucket list, scale). */
 gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_config *resolved);
 
+/* The mixer (gdn_engine_config.mixer): whether any part is on, conv_dim
+ * (2 HK K + HV V), and the conv pools' strides in elements (the caller's, or the engine's own dense
+ * ones: slot (W - 1) conv_dim, token conv_dim, channel 1, layer num_slots slots). */
+int gdn__config_mixer_on(const gdn_engine_config *c);
+int64_t gdn__conv_dim(const gdn_model_config *m);
+void gdn__conv_pool_strides(const gdn_engine_config *c, int64_t *slot, int64_t *token, int64_t *channel, int64_t *layer);
+/* Tokens the CPU reference convolves per row at most (folded or replayed ones, then the step's own). */
+int32_t gdn__mixer_scratch_tokens(const gdn_engine_config *c);
+
 /* The smallest bucket >= batch of a resolved configuration (batch <= max_batch). */
 int32_t gdn__bucket_for(const gdn_engine_config *resolved, int32_t batch);
 

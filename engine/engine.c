@@ -12,6 +12,7 @@
 #include "backend_impl.h"
 #include "config.h"
 #include "graphs/graph_cache.h"
+#include "kernels/ref/gdn_ref.h"
 #include "op_impl.h"
 #include "slots.h"
 
@@ -46,6 +47,13 @@ struct gdn_engine {
                                  * row [1] */
 
     gdn_layer_io *io;     /* host [L] */
+    /* The mixer (SPEC 6; config.mixer), when on: each layer's description (its weights in
+     * mixer_weights, its conv pool at conv + l * stack.conv_layer_stride elements). */
+    gdn_mixer *mixers;    /* host [L], NULL without the mixer */
+    void *conv;           /* the conv pools (the engine's, or config.mixer.conv_pool.data) */
+    int owns_conv;
+    void *mixer_weights;  /* [L] blocks of mixer_layer_bytes: conv weight, conv bias, norm weight */
+    size_t mixer_layer_bytes, conv_bias_at, norm_weight_at;
     gdn_layer_views *views; /* host [L]: the step tensors (the caller's io views, or dense views of io) */
     int owns_state;       /* the pools are the engine's (not config.state_pool) */
     uint8_t *layer_ran;   /* host [L] */
@@ -84,6 +92,8 @@ static int32_t *error_flag_buffer(const gdn_engine *e) { return e->indices + 3 *
 static int32_t *flush_row_buffer(const gdn_engine *e) { return e->indices + 3 * e->config.max_batch + 1; }
 static int fold(const gdn_engine *e) { return e->config.verify_strategy == GDN_VERIFY_FOLD; }
 static int ring(const gdn_engine *e) { return e->config.verify_strategy == GDN_VERIFY_RING; }
+/* The mixer's conv is on: every slot has a conv window per layer. */
+static int has_conv(const gdn_engine *e) { return e->config.mixer.conv_width > 0; }
 /* Fold and ring keep per-slot counts of tokens that are not in the pool yet. */
 static int keeps_tokens(const gdn_engine *e) { return fold(e) || ring(e); }
 /* Work was enqueued on `stream`: the synchronous calls order themselves after it. */
@@ -127,18 +137,24 @@ gdn_status gdn__backend_cuda_create(int32_t device, size_t staging_bytes, gdn__b
 
 static gdn_status create_backend(const gdn_engine_config *c, size_t staging_bytes, gdn__backend *out)
 {
+    /* The CPU reference's scratch for the mixer's conv (config.c checked that it fits). */
+    const size_t mixer_scratch = c->mixer.conv_width > 0 ? gdn__ref_mixer_scratch_bytes((int32_t)gdn__conv_dim(&c->model),
+                                                                                      c->mixer.conv_width,
+                                                                                      gdn__mixer_scratch_tokens(c))
+                                                         : 0;
     switch (c->backend) {
-    case GDN_BACKEND_CPU: return gdn__backend_cpu_create(staging_bytes, out);
+    case GDN_BACKEND_CPU: return gdn__backend_cpu_create_scratch(staging_bytes, mixer_scratch, out);
     case GDN_BACKEND_CUDA: return gdn__backend_cuda_create(c->device, staging_bytes, out);
     case GDN_BACKEND_AUTO: {
         gdn_status status = gdn__backend_cuda_create(c->device, staging_bytes, out);
-        return status == GDN_ENODEV ? gdn__backend_cpu_create(staging_bytes, out) : status;
+        return status == GDN_ENODEV ? gdn__backend_cpu_create_scratch(staging_bytes, mixer_scratch, out) : status;
     }
     }
     return GDN_ECONFIG_BACKEND;
 }
 
-/* Carves every layer's q, k, v, a, b, o out of one allocation. */
+/* Carves every layer's q, k, v (with the mixer's conv: x instead), a, b, o (and the norm's z) out of
+ * one allocation. */
 static gdn_status allocate_io(gdn_engine *e)
 {
     const gdn_engine_config *c = &e->config;
@@ -150,20 +166,79 @@ static gdn_status allocate_io(gdn_engine *e)
     const size_t v_bytes = align_up(rows * HV * V * in);
     const size_t gate_bytes = align_up(rows * HV * in);
     const size_t o_bytes = align_up(rows * HV * V * out);
-    const size_t per_layer = 2 * qk_bytes + v_bytes + 2 * gate_bytes + o_bytes;
+    const int conv = c->mixer.conv_width > 0;
+    const size_t x_bytes = conv ? align_up(rows * (size_t)gdn__conv_dim(&c->model) * in) : 0;
+    const size_t z_bytes = c->mixer.use_norm ? align_up(rows * HV * V * in) : 0;
+    const size_t per_layer = (conv ? x_bytes : 2 * qk_bytes + v_bytes) + 2 * gate_bytes + o_bytes + z_bytes;
     gdn_status status = backend_alloc(e, per_layer * (size_t)c->model.num_layers, &e->io_block,
                                       &e->memory.io_buffers);
     if (status != GDN_OK) return status;
     for (int32_t l = 0; l < c->model.num_layers; l++) {
         char *p = (char *)e->io_block + (size_t)l * per_layer;
         gdn_layer_io *io = &e->io[l];
-        io->q = p, p += qk_bytes;
-        io->k = p, p += qk_bytes;
-        io->v = p, p += v_bytes;
+        if (conv) {
+            io->x = p, p += x_bytes;
+        } else {
+            io->q = p, p += qk_bytes;
+            io->k = p, p += qk_bytes;
+            io->v = p, p += v_bytes;
+        }
         io->a = p, p += gate_bytes;
         io->b = p, p += gate_bytes;
-        io->o = p;
+        io->o = p, p += o_bytes;
+        if (z_bytes) io->z = p;
     }
+    return GDN_OK;
+}
+
+/* The mixer (config.mixer): every layer's conv pool (the engine's, dense and zeroed, or the
+ * caller's), its weights (zero until gdn_engine_set_mixer_params) and its gdn_mixer description; the
+ * stack's layer 0 carries layer 0's, with the conv pools' layer stride. */
+static gdn_status allocate_mixer(gdn_engine *e)
+{
+    const gdn_engine_config *c = &e->config;
+    const gdn_mixer_config *mc = &c->mixer;
+    if (!gdn__config_mixer_on(c)) return GDN_OK;
+    const int32_t L = c->model.num_layers, W = mc->conv_width;
+    const int64_t C = gdn__conv_dim(&c->model);
+    const size_t in = gdn_dtype_size(c->input_dtype), wsize = gdn_dtype_size(mc->conv_weight_dtype);
+    int64_t slot = 0, token = 0, channel = 0, layer = 0;
+    gdn_status status;
+    e->mixers = gdn__calloc((size_t)L, sizeof *e->mixers);
+    if (!e->mixers) return GDN_ENOMEM;
+    if (W > 0) {
+        gdn__conv_pool_strides(c, &slot, &token, &channel, &layer);
+        if (mc->conv_pool.data) {
+            e->conv = mc->conv_pool.data;
+            token = mc->conv_pool.token_stride, channel = mc->conv_pool.channel_stride; /* as given (0, 0: dense) */
+        } else {
+            status = backend_alloc(e, (size_t)(layer * L) * in, &e->conv, &e->memory.conv_pools);
+            if (status != GDN_OK) return status;
+            e->owns_conv = 1;
+            token = channel = 0; /* dense */
+        }
+    }
+    /* One block a layer: conv weight [C][W], conv bias [C], norm weight [V]. */
+    const size_t weight_bytes = W > 0 ? align_up((size_t)(C * W) * wsize) : 0, bias_bytes = W > 0 ? align_up((size_t)C * wsize) : 0;
+    e->conv_bias_at = weight_bytes;
+    e->norm_weight_at = weight_bytes + bias_bytes;
+    e->mixer_layer_bytes = e->norm_weight_at + (mc->use_norm ? align_up((size_t)c->model.head_dim_v * sizeof(float)) : 0);
+    status = backend_alloc(e, e->mixer_layer_bytes * (size_t)L, &e->mixer_weights, &e->memory.parameters);
+    if (status != GDN_OK) return status;
+    for (int32_t l = 0; l < L; l++) {
+        char *block = (char *)e->mixer_weights + (size_t)l * e->mixer_layer_bytes;
+        e->mixers[l] = (gdn_mixer){
+            .conv_width = W,
+            .conv_weight_dtype = mc->conv_weight_dtype,
+            .conv_weight = W > 0 ? block : NULL,
+            .conv_bias = W > 0 ? block + e->conv_bias_at : NULL, /* zeros until set: no bias */
+            .conv = {W > 0 ? (char *)e->conv + (size_t)(l * layer) * in : NULL, slot, token, channel},
+            .norm_weight = mc->use_norm ? (const float *)(block + e->norm_weight_at) : NULL,
+            .norm_eps = mc->norm_eps,
+        };
+    }
+    e->stack.op.mixer = &e->mixers[0];
+    e->stack.conv_layer_stride = layer;
     return GDN_OK;
 }
 
@@ -219,6 +294,7 @@ static gdn_status allocate_everything(gdn_engine *e)
         .max_tokens = c->max_tokens,
         .ring_length = c->ring_length,
     };
+    if ((status = allocate_mixer(e)) != GDN_OK) return status; /* the layout depends on the mixer */
     e->stack.layout = gdn__op_layout_of(&e->stack.op, 0); /* the CPU backend has its own scratch */
     e->stack.num_layers = L;
     e->stack.pool_layer_stride = layer_stride;
@@ -235,12 +311,14 @@ static gdn_status allocate_everything(gdn_engine *e)
         e->config.io_views = e->views;
         for (int32_t l = 0; l < L; l++)
             e->io[l] = (gdn_layer_io){e->views[l].q.data, e->views[l].k.data, e->views[l].v.data,
-                                      e->views[l].a.data, e->views[l].b.data, e->views[l].o.data};
+                                      e->views[l].a.data, e->views[l].b.data, e->views[l].o.data,
+                                      e->views[l].x.data, e->views[l].z.data};
     } else { /* the engine's buffers, as dense views (all-zero strides) */
         if ((status = allocate_io(e)) != GDN_OK) return status;
         for (int32_t l = 0; l < L; l++)
             e->views[l] = (gdn_layer_views){.q.data = e->io[l].q, .k.data = e->io[l].k, .v.data = e->io[l].v,
-                                            .a.data = e->io[l].a, .b.data = e->io[l].b, .o.data = e->io[l].o};
+                                            .a.data = e->io[l].a, .b.data = e->io[l].b, .o.data = e->io[l].o,
+                                            .x.data = e->io[l].x, .z.data = e->io[l].z};
     }
     return backend_alloc(e, (size_t)L * 2 * (size_t)HV * sizeof(float), (void **)&e->params, &e->memory.parameters);
 }
@@ -255,6 +333,8 @@ static void release_everything(gdn_engine *e)
             if (entry->exec) b->graph_destroy(e->backend.ctx, entry->exec);
         }
         if (e->owns_state) b->free(e->backend.ctx, e->state);
+        if (e->owns_conv) b->free(e->backend.ctx, e->conv);
+        b->free(e->backend.ctx, e->mixer_weights);
         b->free(e->backend.ctx, e->workspaces);
         b->free(e->backend.ctx, e->io_block);
         b->free(e->backend.ctx, e->params);
@@ -267,6 +347,7 @@ static void release_everything(gdn_engine *e)
     gdn__free(e->clear_list);
     gdn__free(e->clear_flag);
     gdn__free(e->io);
+    gdn__free(e->mixers);
     gdn__free(e->views);
     gdn__free(e->layer_ran);
     gdn__free(e->row_staging);
@@ -294,6 +375,9 @@ gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
     const int clears = resolved.verify_strategy == GDN_VERIFY_FOLD || resolved.verify_strategy == GDN_VERIFY_RING;
     const size_t staged_values = 2 * (size_t)resolved.max_batch + (clears ? (size_t)resolved.num_slots : 0);
     status = create_backend(&resolved, staged_values * sizeof(int32_t), &e->backend);
+    /* The mixer runs on the CPU backend only, until the CUDA backend's fused kernel lands: this one
+     * check refuses it there (the op layer refuses a CUDA mixer op too). */
+    if (status == GDN_OK && gdn__config_mixer_on(&resolved) && e->backend.iface->kind == GDN_BACKEND_CUDA) status = GDN_ENOTSUP;
     if (status == GDN_OK) status = allocate_everything(e);
     if (status == GDN_OK) /* the zero fills, enqueued on the backend's own stream */
         status = e->backend.iface->synchronize(e->backend.ctx, e->backend.iface->own_stream(e->backend.ctx));
@@ -344,6 +428,30 @@ gdn_status gdn_engine_set_layer_params(gdn_engine *e, int32_t layer, const float
     gdn_status status = begin_synchronous(e, &stream);
     if (status == GDN_OK) status = b->upload(e->backend.ctx, dst, A_log, HV * sizeof(float), stream);
     if (status == GDN_OK) status = b->upload(e->backend.ctx, dst + HV, dt_bias, HV * sizeof(float), stream);
+    return end_synchronous(e, stream, status);
+}
+
+gdn_status gdn_engine_set_mixer_params(gdn_engine *e, int32_t layer, const void *conv_weight, const void *conv_bias,
+                                       const float *norm_weight)
+{
+    if (!e) return GDN_EINVAL;
+    if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
+    const gdn_mixer_config *mc = &e->config.mixer;
+    const int conv = mc->conv_width > 0, norm = mc->use_norm != 0;
+    if (conv != (conv_weight != NULL) || (!conv && conv_bias) || norm != (norm_weight != NULL)) return GDN_EINVAL;
+    if (!conv && !norm) return GDN_OK; /* no mixer: nothing to set */
+    const size_t wsize = gdn_dtype_size(mc->conv_weight_dtype), C = conv ? (size_t)gdn__conv_dim(&e->config.model) : 0;
+    char *block = (char *)e->mixer_weights + (size_t)layer * e->mixer_layer_bytes;
+    const gdn__backend_iface *b = e->backend.iface;
+    void *stream = NULL;
+    gdn_status status = begin_synchronous(e, &stream);
+    if (status == GDN_OK && conv) status = b->upload(e->backend.ctx, block, conv_weight, C * (size_t)mc->conv_width * wsize, stream);
+    if (status == GDN_OK && conv) /* no bias: zeros, so that the step's parameters never change */
+        status = conv_bias ? b->upload(e->backend.ctx, block + e->conv_bias_at, conv_bias, C * wsize, stream)
+                           : b->zero(e->backend.ctx, block + e->conv_bias_at, C * wsize, stream);
+    if (status == GDN_OK && norm)
+        status = b->upload(e->backend.ctx, block + e->norm_weight_at, norm_weight,
+                           (size_t)e->config.model.head_dim_v * sizeof(float), stream);
     return end_synchronous(e, stream, status);
 }
 
@@ -474,6 +582,10 @@ gdn_status gdn_slot_reset(gdn_engine *e, int32_t slot, void *stream)
     for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++)
         status = e->backend.iface->zero(e->backend.ctx, slot_state(e, l, slot), slot_state_bytes(e), stream);
     if (status == GDN_OK) status = clear_pending(e, slot, stream);
+    if (status == GDN_OK && has_conv(e)) { /* the conv windows of every layer, one launch */
+        const gdn__slot_copy_params p = gdn__op_window_import_params(&e->stack, slot, NULL, 0);
+        status = e->backend.iface->slot_copy(e->backend.ctx, &p, stream);
+    }
     return enqueued_on(e, stream, status);
 }
 
@@ -526,8 +638,10 @@ gdn_status gdn_slot_write_state(gdn_engine *e, int32_t layer, int32_t slot, cons
     void *stream = NULL;
     if (status == GDN_OK) status = begin_synchronous(e, &stream);
     if (status != GDN_OK) return status;
-    /* Fold, ring: the written state replaces the layer's pending work too (nothing to fold). */
-    status = clear_pending_layers(e, slot, layer, layer + 1, stream);
+    /* Fold, ring: the written state replaces the layer's pending work too (nothing to fold); with
+     * the mixer's conv that work is written back first, so that the window is the slot's current one. */
+    if (has_conv(e)) status = flush_slot_layer(e, slot, layer, stream);
+    if (status == GDN_OK) status = clear_pending_layers(e, slot, layer, layer + 1, stream);
     if (status == GDN_OK)
         status = e->backend.iface->upload(e->backend.ctx, slot_state(e, layer, slot), host_src, slot_state_bytes(e), stream);
     return end_synchronous(e, stream, status);
@@ -541,6 +655,52 @@ gdn_status gdn_engine_state_pool(gdn_engine *e, int32_t layer, gdn_state_pool *p
     pool->dtype = e->config.state_dtype;
     pool->num_slots = e->config.num_slots;
     pool->slot_stride = e->stack.op.pool.slot_stride;
+    return GDN_OK;
+}
+
+/* The mixer's conv window of `slot` in `layer` (one block of window_bytes). */
+static void *slot_window(const gdn_engine *e, int32_t layer, int32_t slot)
+{
+    const gdn_mixer *m = &e->mixers[layer];
+    return (char *)m->conv.data + (size_t)((int64_t)slot * m->conv.slot_stride) * gdn_dtype_size(e->config.input_dtype);
+}
+static size_t window_bytes(const gdn_engine *e)
+{
+    return (size_t)(e->config.mixer.conv_width - 1) * (size_t)gdn__conv_dim(&e->config.model) *
+           gdn_dtype_size(e->config.input_dtype);
+}
+
+gdn_status gdn_slot_read_conv_state(gdn_engine *e, int32_t layer, int32_t slot, void *host_dst)
+{
+    if (!e || !host_dst || !has_conv(e)) return GDN_EINVAL;
+    gdn_status status = check_slot_layer(e, layer, slot, 0);
+    void *stream = NULL;
+    if (status == GDN_OK) status = begin_synchronous(e, &stream);
+    if (status != GDN_OK) return status;
+    status = flush_slot_layer(e, slot, layer, stream); /* fold, ring: the window lags by the pending work */
+    if (status == GDN_OK)
+        status = e->backend.iface->download(e->backend.ctx, host_dst, slot_window(e, layer, slot), window_bytes(e), stream);
+    return end_synchronous(e, stream, status);
+}
+
+gdn_status gdn_slot_write_conv_state(gdn_engine *e, int32_t layer, int32_t slot, const void *host_src)
+{
+    if (!e || !host_src || !has_conv(e)) return GDN_EINVAL;
+    gdn_status status = check_slot_layer(e, layer, slot, 1);
+    void *stream = NULL;
+    if (status == GDN_OK) status = begin_synchronous(e, &stream);
+    if (status != GDN_OK) return status;
+    status = flush_slot_layer(e, slot, layer, stream); /* the state is current; the window then replaced */
+    if (status == GDN_OK)
+        status = e->backend.iface->upload(e->backend.ctx, slot_window(e, layer, slot), host_src, window_bytes(e), stream);
+    return end_synchronous(e, stream, status);
+}
+
+gdn_status gdn_engine_conv_pool(gdn_engine *e, int32_t layer, gdn_conv_pool *pool)
+{
+    if (!e || !pool || !has_conv(e)) return GDN_EINVAL;
+    if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
+    *pool = e->mixers[layer].conv;
     return GDN_OK;
 }
 
@@ -657,6 +817,7 @@ static gdn_op_layer layer_op(const gdn_engine *e, int32_t layer)
     gdn_op_layer op = gdn__op_stack_layer(&e->stack, layer);
     op.A_log = e->params + (size_t)layer * 2 * (size_t)e->config.model.num_v_heads;
     op.dt_bias = op.A_log + e->config.model.num_v_heads;
+    if (e->mixers) op.mixer = &e->mixers[layer];
     return op;
 }
 
@@ -673,6 +834,7 @@ static gdn__layer_params layer_params(gdn_engine *e, int32_t layer, gdn_step_kin
     op.batch = bucket;
     op.write_slots = write_slots_buffer(e, bucket);
     op.q = v->q, op.k = v->k, op.v = v->v, op.a = v->a, op.b = v->b, op.o = v->o;
+    op.x = v->x, op.z = v->z; /* the mixer's (read only with its parts) */
     return gdn__op_step_params(&op, &e->stack.layout);
 }
 
@@ -950,25 +1112,53 @@ gdn_status gdn_slot_import_async(gdn_engine *e, int32_t slot, const void *src, i
     return status;
 }
 
+/* Fold, ring: writes back what the slot has pending in every layer, in place, on `stream` (export:
+ * its state and its conv window are then current in the pools). */
+static gdn_status write_back_slot(gdn_engine *e, int32_t slot, void *stream)
+{
+    if (!keeps_tokens(e)) return GDN_OK;
+    /* The flush row (a launch that sets it, so that a captured export carries its slot), then a
+     * zero-token step of that one row a layer. A slot freed and taken again since the last step has
+     * nothing of its own pending: its counts are cleared first, as the next fetch would. */
+    const gdn__slot_copy_params set = gdn__op_set_row_params(&e->stack, flush_row_buffer(e), slot, e->clear_flag[slot]);
+    gdn_status status = e->backend.iface->slot_copy(e->backend.ctx, &set, stream);
+    for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++)
+        status = write_back_flush_row(e, l, stream);
+    if (status != GDN_OK) return status;
+    drop_staged_clear(e, slot);
+    return GDN_OK;
+}
+
 gdn_status gdn_slot_export_async(gdn_engine *e, int32_t slot, void *dst, int64_t layer_stride, void *stream)
 {
     if (!e) return GDN_EINVAL;
     gdn_status status = check_idle_slot(e, slot);
     if (status != GDN_OK) return status;
     if (!dst || layer_stride < state_elems_per_slot(&e->config)) return GDN_EINVAL;
-    const gdn__backend_iface *b = e->backend.iface;
-    if (keeps_tokens(e)) {
-        /* Write back what is pending, in place: the flush row (a launch that sets it, so that a
-         * captured export carries its slot), then a zero-token step of that one row a layer. A slot
-         * freed and taken again since the last step has nothing of its own pending: its counts are
-         * cleared first, as the next fetch would. */
-        const gdn__slot_copy_params set = gdn__op_set_row_params(&e->stack, flush_row_buffer(e), slot, e->clear_flag[slot]);
-        status = b->slot_copy(e->backend.ctx, &set, stream);
-        for (int32_t l = 0; l < e->config.model.num_layers && status == GDN_OK; l++)
-            status = write_back_flush_row(e, l, stream);
-        if (status != GDN_OK) return status;
-        drop_staged_clear(e, slot);
-    }
+    if ((status = write_back_slot(e, slot, stream)) != GDN_OK) return status;
     const gdn__slot_copy_params p = gdn__op_export_params(&e->stack, slot, dst, layer_stride);
-    return enqueued_on(e, stream, b->slot_copy(e->backend.ctx, &p, stream));
+    return enqueued_on(e, stream, e->backend.iface->slot_copy(e->backend.ctx, &p, stream));
+}
+
+gdn_status gdn_slot_import_conv_async(gdn_engine *e, int32_t slot, const void *src, int64_t layer_stride, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    gdn_status status = check_idle_slot(e, slot);
+    if (status != GDN_OK) return status;
+    if (!src || !has_conv(e) || layer_stride < (int64_t)(window_bytes(e) / gdn_dtype_size(e->config.input_dtype)))
+        return GDN_EINVAL;
+    const gdn__slot_copy_params p = gdn__op_window_import_params(&e->stack, slot, src, layer_stride);
+    return enqueued_on(e, stream, e->backend.iface->slot_copy(e->backend.ctx, &p, stream));
+}
+
+gdn_status gdn_slot_export_conv_async(gdn_engine *e, int32_t slot, void *dst, int64_t layer_stride, void *stream)
+{
+    if (!e) return GDN_EINVAL;
+    gdn_status status = check_idle_slot(e, slot);
+    if (status != GDN_OK) return status;
+    if (!dst || !has_conv(e) || layer_stride < (int64_t)(window_bytes(e) / gdn_dtype_size(e->config.input_dtype)))
+        return GDN_EINVAL;
+    if ((status = write_back_slot(e, slot, stream)) != GDN_OK) return status;
+    const gdn__slot_copy_params p = gdn__op_window_export_params(&e->stack, slot, dst, layer_stride);
+    return enqueued_on(e, stream, e->backend.iface->slot_copy(e->backend.ctx, &p, stream));
 }

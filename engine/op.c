@@ -357,6 +357,24 @@ gdn__slot_copy_params gdn__op_export_params(const gdn__op_stack *s, int32_t slot
     return p;
 }
 
+gdn__slot_copy_params gdn__op_window_import_params(const gdn__op_stack *s, int32_t slot, const void *src,
+                                                   int64_t src_layer_stride)
+{
+    gdn__slot_copy_params p = {.layers = s->num_layers};
+    const int64_t size = (int64_t)gdn_dtype_size(s->op.input_dtype);
+    add_region(&p, src, window_of(s, slot), window_bytes(s), src_layer_stride * size, window_layer_bytes(s));
+    return p;
+}
+
+gdn__slot_copy_params gdn__op_window_export_params(const gdn__op_stack *s, int32_t slot, void *dst,
+                                                   int64_t dst_layer_stride)
+{
+    gdn__slot_copy_params p = {.layers = s->num_layers};
+    const int64_t size = (int64_t)gdn_dtype_size(s->op.input_dtype);
+    add_region(&p, window_of(s, slot), dst, window_bytes(s), window_layer_bytes(s), dst_layer_stride * size);
+    return p;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* The public ops: one layer, checked, run on the backend directly                                  */
 /* ---------------------------------------------------------------------------------------------- */

@@ -81,4 +81,15 @@ gdn__slot_copy_params gdn__op_import_params(const gdn__op_stack *s, int32_t slot
 gdn__slot_copy_params gdn__op_set_row_params(const gdn__op_stack *s, int32_t *row, int32_t slot, int clear_counts);
 gdn__slot_copy_params gdn__op_export_params(const gdn__op_stack *s, int32_t slot, void *dst, int64_t dst_layer_stride);
 
+/* The mixer's conv window of `slot` in every layer (the stack's conv pools, conv_layer_stride
+ * elements apart), one block of (W - 1) conv_dim elements each, as one launch:
+ *   window_import: it becomes src's (layer l at src + l * src_layer_stride elements; src NULL:
+ *     zeros), the state and pending work left alone;
+ *   window_export: dst (layer l at dst + l * dst_layer_stride elements) becomes it (pending work
+ *     must have been written back first). */
+gdn__slot_copy_params gdn__op_window_import_params(const gdn__op_stack *s, int32_t slot, const void *src,
+                                                   int64_t src_layer_stride);
+gdn__slot_copy_params gdn__op_window_export_params(const gdn__op_stack *s, int32_t slot, void *dst,
+                                                   int64_t dst_layer_stride);
+
 #endif /* GDN_ENGINE_OP_IMPL_H */

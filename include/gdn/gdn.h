@@ -15,10 +15,10 @@
  * Streams. Functions that enqueue work take `void *stream`: a cudaStream_t on the CUDA backend (NULL
  * is the legacy default stream), ignored on the CPU backend, where work completes before the call
  * returns. gdn_cuda.h has typed wrappers. The synchronous calls (gdn_engine_set_layer_params,
- * gdn_slot_read_state, gdn_slot_write_state) take no stream: they run on the engine's own private
- * stream, ordered after the work that the engine's last enqueuing call put on its stream (that
- * stream must still exist), and wait for that alone: never for the legacy default stream or the
- * whole device. Work the caller launched itself (a graph it captured with GDN_STEP_CALLER_WORK, its
+ * gdn_engine_set_mixer_params, gdn_slot_read_state, gdn_slot_write_state and their conv twins) take
+ * no stream: they run on the engine's own private stream, ordered after the work that the engine's
+ * last enqueuing call put on its stream (that stream must still exist), and wait for that alone:
+ * never for the legacy default stream or the whole device. Work the caller launched itself (a graph it captured with GDN_STEP_CALLER_WORK, its
  * own kernels) is the caller's to order first. They return GDN_EMISUSE while that stream is being
  * captured.
  *
@@ -92,6 +92,8 @@ GDN_API int gdn_version(void);
     XX(ECONFIG_RING, -34, "config: ring_length must be 0 (the default) or 4..32")                  \
     XX(ECONFIG_POOL, -35, "config: state_pool strides too small, or not 16-byte aligned")          \
     XX(ECONFIG_VIEWS, -36, "config: an io view has no data, or breaks the alignment its tensor needs") \
+    XX(ECONFIG_MIXER, -37, "config: mixer: conv_width must be 0 or 2..4, conv_weight_dtype F32 or BF16, norm_eps finite and >= 0") \
+    XX(ECONFIG_CONV_POOL, -38, "config: mixer.conv_pool without the conv, or its strides too small or not one block per slot") \
     XX(ESTEP_KIND, -40, "step: kind must be GDN_STEP_DECODE or GDN_STEP_VERIFY")                   \
     XX(ESTEP_BATCH, -41, "step: batch must be between 0 and max_batch")                            \
     XX(ESTEP_TOKENS, -42, "step: tokens must be 1 for decode and 1..max_tokens for verify")        \
@@ -208,8 +210,50 @@ typedef struct gdn_view {
 /* One layer's step tensors where the caller keeps them (gdn_engine_config.io_views). */
 typedef struct gdn_layer_views {
     gdn_view q, k, v, a, b; /* inputs [rows, T, HK, K] x 2, [rows, T, HV, V], [rows, T, HV] x 2 */
-    gdn_view o;             /* output [rows, T, HV, V] */
+    gdn_view o;             /* output [rows, T, HV, V]: o, or y with the mixer's norm */
+    gdn_view x;             /* with the mixer's conv: [rows, T, conv_dim] raw input (head_stride unused);
+                             * q, k and v are then not read and may have no data */
+    gdn_view z;             /* with the mixer's norm: [rows, T, HV, V] gate input */
 } gdn_layer_views;
+
+/*
+ * The mixer's conv states (SPEC 6), one per slot: slot s's window of its previous W - 1 raw inputs x
+ * (oldest first, input_dtype), row j, channel c at data + s * slot_stride + j * token_stride +
+ * c * channel_stride elements. With token_stride and channel_stride both 0 it is dense
+ * [W - 1][conv_dim] (vLLM's [conv_dim][W - 1] is token_stride 1, channel_stride W - 1); either way
+ * a slot's window must be one contiguous block of (W - 1) * conv_dim elements.
+ */
+typedef struct gdn_conv_pool {
+    void *data;
+    int64_t slot_stride;    /* elements between slots, >= (W - 1) * conv_dim */
+    int64_t token_stride;   /* elements between window rows */
+    int64_t channel_stride; /* elements between channels */
+} gdn_conv_pool;
+
+/*
+ * The whole mixer step (SPEC 6) around every layer's recurrence (gdn_engine_config.mixer; all zero:
+ * the recurrence alone). Per row and token: with the conv, x = q | k | v before the conv
+ * (conv_dim = 2 HK K + HV V channels, each head-major) goes through a depthwise causal conv of width
+ * W over the slot's window of its previous W - 1 inputs (tap W - 1 meets x; + bias) and SiLU, giving
+ * q, k and v; with the norm the output is y = o rsqrt(mean_V(o^2) + eps) norm_weight silu(z) per value
+ * head instead of o. Weights per layer: gdn_engine_set_mixer_params. The window is per slot and
+ * layer, in input_dtype, and follows the state: padding rows touch neither, a decode advances both,
+ * a verify neither until its commit, which advances both by accepted[i] (every strategy); slot
+ * reset zeroes both, slot copy carries both; gdn_slot_read_conv_state and the conv import / export
+ * move a window. The CPU backend runs it; the CUDA backend refuses an engine with a mixer
+ * (GDN_ENOTSUP from gdn_engine_create) until its fused kernel lands.
+ */
+typedef struct gdn_mixer_config {
+    int32_t conv_width;          /* W in 2..4: the conv; 0: no conv (q, k, v are the step's inputs) */
+    gdn_dtype conv_weight_dtype; /* F32 or BF16: conv weights and bias */
+    int32_t use_norm;            /* nonzero: the gated RMSNorm (z input, norm weight per layer) */
+    float norm_eps;              /* 0: 1e-6 */
+    /* Caller-owned conv pools (data NULL: the engine allocates them, dense and zeroed): layer l's
+     * pool at conv_pool.data + l * conv_layer_stride elements (0: num_slots * slot stride), a slot
+     * stride of 0 meaning (W - 1) * conv_dim, num_slots slots each. The engine never zeroes them. */
+    gdn_conv_pool conv_pool;
+    int64_t conv_layer_stride;
+} gdn_mixer_config;
 
 /* Geometry of one GDN layer (all layers of an engine share it). SPEC section 1 names. */
 typedef struct gdn_model_config {
@@ -267,6 +311,9 @@ typedef struct gdn_engine_config {
                           int32_t bucket, void *capture_stream);
     void *capture_user;
 
+    /* The whole mixer step (SPEC 6), optional; all zero (gdn_engine_config_init): none. */
+    gdn_mixer_config mixer;
+
     /*
      * Caller-owned memory (backend memory that stays valid until gdn_engine_destroy; NULL: the
      * engine allocates its own). The engine then allocates only what is missing.
@@ -280,6 +327,8 @@ typedef struct gdn_engine_config {
      *   view whose strides are all 0 is the dense [bucket, T, H, D] prefix, as the engine's own
      *   buffers. q and k must keep every head 16-byte aligned and v 4-byte aligned (the CUDA kernels'
      *   vector copies), else GDN_ECONFIG_VIEWS. gdn_engine_layer_io then returns the views' pointers.
+     *   With the mixer's conv, x is needed instead of q, k and v (which may be left without data);
+     *   with its norm, z.
      */
     void *state_pool;
     int64_t state_slot_stride;
@@ -303,7 +352,8 @@ GDN_API gdn_status gdn_engine_config_init(gdn_engine_config *config, const gdn_m
 
 /*
  * Checks `config` without allocating: GDN_OK or the GDN_ECONFIG_* code of the first wrong field, in
- * the order the fields are declared.
+ * the order the fields are declared (the mixer: GDN_ECONFIG_MIXER for its own fields, or for a
+ * conv_dim past 2^29 with the conv, then GDN_ECONFIG_CONV_POOL for its conv pool).
  */
 GDN_API gdn_status gdn_engine_config_validate(const gdn_engine_config *config);
 
@@ -335,11 +385,12 @@ GDN_API const char *gdn_engine_last_error(const gdn_engine *engine);
 /* Bytes of backend memory the engine holds, by component. */
 typedef struct gdn_memory_report {
     uint64_t state_pools;  /* all layers' pools */
+    uint64_t conv_pools;   /* all layers' conv states (the mixer's conv) */
     uint64_t verify_cache; /* intermediate-state cache (cache strategy) */
     uint64_t token_store;  /* per-slot token inputs and pending counts (fold strategy) */
     uint64_t ring;         /* per-slot token records and ring counts (ring strategy) */
-    uint64_t io_buffers;   /* q, k, v, a, b, o for every layer */
-    uint64_t parameters;   /* A_log, dt_bias */
+    uint64_t io_buffers;   /* q, k, v (or x), a, b, z, o for every layer */
+    uint64_t parameters;   /* A_log, dt_bias, the mixer's weights */
     uint64_t indices;      /* slot indices, accepted counts, error flag */
     uint64_t total;
 } gdn_memory_report;
@@ -352,6 +403,16 @@ GDN_API gdn_status gdn_engine_memory(const gdn_engine *engine, gdn_memory_report
  */
 GDN_API gdn_status gdn_engine_set_layer_params(gdn_engine *engine, int32_t layer,
                                                const float *A_log, const float *dt_bias);
+
+/*
+ * Copies layer `layer`'s mixer weights (host memory) into the engine: conv_weight [conv_dim][W] and
+ * conv_bias [conv_dim] in the configuration's conv_weight_dtype (bias NULL: none, the same as zeros),
+ * norm_weight [V] fp32. Each is given when the configuration has its part and NULL otherwise. They
+ * start at zero. Synchronous; not for the step path. GDN_ELAYER for a bad layer, GDN_EINVAL for a
+ * NULL weight that a part needs, or a weight of a part the engine does not have.
+ */
+GDN_API gdn_status gdn_engine_set_mixer_params(gdn_engine *engine, int32_t layer, const void *conv_weight,
+                                               const void *conv_bias, const float *norm_weight);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Slots                                                                                            */
@@ -373,7 +434,8 @@ GDN_API gdn_status gdn_slot_alloc(gdn_engine *engine, int32_t *slot);
  */
 GDN_API gdn_status gdn_slot_free(gdn_engine *engine, int32_t slot);
 
-/* Zeroes the state of allocated `slot` in every layer, enqueued on `stream`. Same errors as free. */
+/* Zeroes the state (and the mixer's conv window) of allocated `slot` in every layer, enqueued on
+ * `stream`. Same errors as free. */
 GDN_API gdn_status gdn_slot_reset(gdn_engine *engine, int32_t slot, void *stream);
 
 /*
@@ -390,12 +452,30 @@ GDN_API gdn_status gdn_slot_reset(gdn_engine *engine, int32_t slot, void *stream
  *   export: dst[l * layer_stride ...] becomes slot's current state in layer l; under fold and ring
  *     a slot with pending tokens or records is first written back in place (one zero-token launch a
  *     layer before the copy).
+ * With the mixer's conv: copy carries the window too; import replaces the state only and drops the
+ * pending tokens, whose inputs would have advanced the window: import the window as well (a prefill
+ * hands over both) with gdn_slot_import_conv_async; export writes the pending work back, which
+ * brings the window in the conv pool up to date too (gdn_slot_export_conv_async copies it out).
  */
 GDN_API gdn_status gdn_slot_copy_async(gdn_engine *engine, int32_t dst, int32_t src, void *stream);
 GDN_API gdn_status gdn_slot_import_async(gdn_engine *engine, int32_t slot, const void *src, int64_t layer_stride,
                                          void *stream);
 GDN_API gdn_status gdn_slot_export_async(gdn_engine *engine, int32_t slot, void *dst, int64_t layer_stride,
                                          void *stream);
+
+/*
+ * The same for the mixer's conv window (engines with the conv; else GDN_EINVAL): (W - 1) * conv_dim
+ * elements of input_dtype per layer, in the conv pool's window layout (the engine's own pool: dense
+ * [W - 1][conv_dim], oldest first), layer l at l * layer_stride elements (>= (W - 1) * conv_dim).
+ *   import_conv: the slot's window becomes src's in every layer (its state and pending tokens are
+ *     left alone: import the state first, which drops them, for a prefill's hand-off);
+ *   export_conv: dst becomes the slot's current window (pending work written back first, as export).
+ * Same errors as the state's import and export.
+ */
+GDN_API gdn_status gdn_slot_import_conv_async(gdn_engine *engine, int32_t slot, const void *src, int64_t layer_stride,
+                                              void *stream);
+GDN_API gdn_status gdn_slot_export_conv_async(gdn_engine *engine, int32_t slot, void *dst, int64_t layer_stride,
+                                              void *stream);
 
 /* Nonzero when `slot` is allocated. */
 GDN_API int gdn_slot_is_allocated(const gdn_engine *engine, int32_t slot);
@@ -421,14 +501,24 @@ GDN_API gdn_status gdn_engine_state_pool(gdn_engine *engine, int32_t layer, gdn_
  * One layer's static step buffers, all backend memory, each sized for max_batch rows and max_tokens
  * tokens. A step of B rows and T tokens uses the dense prefix [B, T, ...] of each: q and k
  * [B, T, HK, K], v [B, T, HV, V], a and b [B, T, HV] (input_dtype), o [B, T, HV, V] (output_dtype).
- * The caller writes q, k, v, a, b before running the layer and reads o after.
+ * The caller writes q, k, v, a, b before running the layer and reads o after. With the mixer's conv
+ * the input is x [B, T, conv_dim] instead of q, k and v (NULL then); with its norm z [B, T, HV, V]
+ * (input_dtype) is an input too and o holds y; x and z are NULL without their parts.
  */
 typedef struct gdn_layer_io {
     void *q, *k, *v, *a, *b;
     void *o;
+    void *x, *z;
 } gdn_layer_io;
 
 GDN_API gdn_status gdn_engine_layer_io(gdn_engine *engine, int32_t layer, gdn_layer_io *io);
+
+/*
+ * One layer's conv pool (the mixer's conv; GDN_EINVAL without it), num_slots windows: read a slot's
+ * window there only after gdn_slot_export_conv_async or a flush (under fold and ring it lags by the
+ * pending tokens, as the state pool does); gdn_slot_read_conv_state does both.
+ */
+GDN_API gdn_status gdn_engine_conv_pool(gdn_engine *engine, int32_t layer, gdn_conv_pool *pool);
 
 /*
  * The accepted-count buffer, int32 [max_batch] in backend memory. After a verify step the caller's
@@ -555,11 +645,23 @@ GDN_API gdn_status gdn_engine_download(gdn_engine *engine, void *host_dst, const
  * until its commit, as gdn_slot_free): a write would change what a layer still to run reads or be
  * lost at the commit, and a ring read writes back the records the commit is about to count. With
  * the fold and ring strategies a read first writes the layer's pending work back into the pool (so
- * it returns the current state), and a write replaces it with the written state.
+ * it returns the current state), and a write replaces it with the written state. With the mixer's
+ * conv a write writes the pending work back first instead (so that the window stays the slot's
+ * current one) and then replaces the state alone.
  */
 GDN_API gdn_status gdn_slot_read_state(gdn_engine *engine, int32_t layer, int32_t slot, void *host_dst);
 GDN_API gdn_status gdn_slot_write_state(gdn_engine *engine, int32_t layer, int32_t slot,
                                         const void *host_src);
+
+/*
+ * The same for the mixer's conv window of `slot` in `layer` ((W - 1) * conv_dim elements of
+ * input_dtype in the conv pool's window layout; the engine's own: dense [W - 1][conv_dim], oldest
+ * first), synchronously, with the same rules: a read writes the layer's pending work back first (the
+ * window it returns is current); a write does too and then replaces the window alone. A prefill's
+ * hand-off writes both the state and the window. GDN_EINVAL without the conv.
+ */
+GDN_API gdn_status gdn_slot_read_conv_state(gdn_engine *engine, int32_t layer, int32_t slot, void *host_dst);
+GDN_API gdn_status gdn_slot_write_conv_state(gdn_engine *engine, int32_t layer, int32_t slot, const void *host_src);
 
 #ifdef __cplusplus
 }

@@ -28,25 +28,16 @@
 extern "C" {
 #endif
 
-/* gdn_view (a strided per-token tensor) is declared in gdn.h. */
+/* gdn_view (a strided per-token tensor) and gdn_conv_pool (the conv states) are declared in gdn.h. */
 
 /*
  * The whole mixer step (SPEC 6), optional: a depthwise causal conv (width W, SiLU) over the row's
  * raw input x = q | k | v with a per-slot conv state, and a gated RMSNorm of the output. The conv
- * state of slot s (the window of its previous W - 1 inputs, oldest first, in the op's input dtype):
- * row j, channel c at data + s * slot_stride + j * token_stride + c * channel_stride elements. With
- * token_stride and channel_stride both 0 it is dense [W - 1][conv_dim] (vLLM's [conv_dim][W - 1]
- * is token_stride 1, channel_stride W - 1). It follows the state through every strategy: padding rows
+ * state lives in a gdn_conv_pool (declared in gdn.h: slot s's window of its previous W - 1 inputs,
+ * oldest first, in the op's input dtype). It follows the state through every strategy: padding rows
  * touch neither, a decode advances both, a verify neither until its commit, which advances both by
  * the accepted tokens; slot operations cover both.
  */
-typedef struct gdn_conv_pool {
-    void *data;
-    int64_t slot_stride;    /* elements between slots, >= (W - 1) * conv_dim when dense */
-    int64_t token_stride;   /* elements between window rows */
-    int64_t channel_stride; /* elements between channels */
-} gdn_conv_pool;
-
 typedef struct gdn_mixer {
     int32_t conv_width;           /* W in 2..4; 0: no conv (q, k, v are given) */
     gdn_dtype conv_weight_dtype;  /* F32 or BF16 */
