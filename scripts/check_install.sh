@@ -16,7 +16,7 @@ export PKG_CONFIG_PATH="$(dirname "$pc")"
 prefix="$scratch/root$(pkg-config --variable=prefix gdn)" # the installed prefix, under DESTDIR
 flags=$(pkg-config --define-variable=prefix="$prefix" --cflags --libs gdn)
 libdir=$(pkg-config --define-variable=prefix="$prefix" --variable=libdir gdn)
-for example in serving_loop op_layer; do
+for example in serving_loop op_layer model_loop; do
     cc -std=c11 -Wall -Wextra -Werror -o "$scratch/$example" "$src/examples/$example.c" $flags -lm
     LD_LIBRARY_PATH="$libdir" "$scratch/$example" > "$scratch/$example.log" 2>&1 ||
         { cat "$scratch/$example.log"; echo "$example failed"; exit 1; }

@@ -1,0 +1,383 @@
+/*
+ * gdn-model-loop: a small model loop around the engine's whole mixer step (SPEC 6), with nothing but
+ * the installed public API (gdn/gdn.h; build it against `pkg-config gdn`).
+ *
+ * The model: an embedding table, then L GDN mixer layers, each h += out_proj(mixer(in_proj(h))),
+ * where in_proj is one fused projection [D] -> [x | z | a | b] (x = q | k | v before the conv) that the
+ * caller runs and writes in bf16 into its own tensor, and the engine reads x, z, a and b where they lie
+ * (io_views: strided column slices, no copy); the engine runs the conv with its per-slot window, the
+ * recurrence and the gated RMSNorm, writing y; out_proj and the residual are the caller's again.
+ * Requests alternate decode steps and speculative verify steps of T draft tokens whose acceptance is
+ * simulated (a fixed pseudo-random count in 0..T per row; the engine commits it, windows included).
+ *
+ * The check: an independent float64 run of the same model (this file's own conv, recurrence and norm,
+ * written from SPEC 1 and 6; the projections round x, z, a, b to bf16 as the caller's do) gives every
+ * verified token's final hidden state and, at the end, every slot's state and conv window, which the
+ * engine's must match within SPEC 4 (state and hidden: abs 1e-2 + rel 1e-2; windows bit for bit).
+ *
+ * The projections go through a small table (struct proj_backend): this file has the plain-C one, for
+ * the CPU backend. A GPU path (cuBLAS GEMMs into device tensors, the engine on its CUDA backend, the
+ * whole step captured with GDN_STEP_CALLER_WORK) fits the same table and is left for later: the CUDA
+ * backend refuses a mixer (GDN_ENOTSUP) until its fused kernel lands.
+ *
+ *   gdn-model-loop [--verify auto|cache|fold|ring] [--steps N] [--layers N]
+ * Exit status: 0 when every check passed, 1 otherwise, 2 on a bad argument.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <gdn/gdn.h>
+
+#define CHECK(call)                                                                                 \
+    do {                                                                                            \
+        gdn_status status_ = (call);                                                                \
+        if (status_ != GDN_OK) {                                                                    \
+            fprintf(stderr, "%s:%d: %s: GDN_%s (%s)\n", __FILE__, __LINE__, #call,                  \
+                    gdn_status_name(status_), gdn_status_string(status_));                          \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+enum { MAX_L = 8, R = 3, T_MAX = 4, SLOTS = 4, VOCAB = 64, D = 128, W = 4 };
+
+/* xorshift64*: the example's own random source. */
+static uint64_t rng_state = 7;
+static double uniform(void)
+{
+    rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 0x2545F4914F6CDD1Dull) >> 11) * 0x1.0p-53;
+}
+static double normal(void) { return sqrt(-2.0 * log(1.0 - uniform())) * cos(6.283185307179586 * uniform()); }
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull, z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint16_t to_bf16(double x)
+{
+    const float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static double from_bf16(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static double silu(double x) { return x / (1.0 + exp(-x)); }
+
+/* The model (tiny GDN heads: HK 2, HV 4, K = V = 64). */
+typedef struct model {
+    int32_t L, HK, HV, K, V;
+    int64_t C, N;            /* conv_dim; fused projection width N = C + HV V + 2 HV */
+    double *embed;           /* [VOCAB][D] */
+    double *in_w[MAX_L];     /* [D][N] */
+    double *out_w[MAX_L];    /* [HV V][D] */
+    double *conv_w[MAX_L];   /* [C][W], fp32 values */
+    double *norm_w[MAX_L];   /* [V] */
+    double *A_log[MAX_L], *dt_bias[MAX_L]; /* [HV] */
+} model;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The caller's projections (plain C; a cuBLAS version would fill the same table)                   */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct proj_backend {
+    /* rows of h [rows][D] -> fused [rows][N] bf16 (x | z | a | b) */
+    void (*in_proj)(const model *m, int32_t l, const double *h, int64_t rows, uint16_t *fused);
+    /* h [rows][D] += y [rows][HV V] (fp32, the engine's output) times out_w */
+    void (*out_proj)(const model *m, int32_t l, const float *y, int64_t rows, double *h);
+} proj_backend;
+
+static void cpu_in_proj(const model *m, int32_t l, const double *h, int64_t rows, uint16_t *fused)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t n = 0; n < m->N; n++) {
+            double acc = 0.0;
+            for (int d = 0; d < D; d++) acc += h[r * D + d] * m->in_w[l][d * m->N + n];
+            fused[r * m->N + n] = to_bf16(acc);
+        }
+}
+
+static void cpu_out_proj(const model *m, int32_t l, const float *y, int64_t rows, double *h)
+{
+    const int64_t HVV = (int64_t)m->HV * m->V;
+    for (int64_t r = 0; r < rows; r++)
+        for (int d = 0; d < D; d++) {
+            double acc = 0.0;
+            for (int64_t e = 0; e < HVV; e++) acc += (double)y[r * HVV + e] * m->out_w[l][e * D + d];
+            h[r * D + d] += acc;
+        }
+}
+
+static const proj_backend cpu_proj = {cpu_in_proj, cpu_out_proj};
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The independent float64 run: one token of one request through every layer                       */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct ref_state {
+    double *S[MAX_L];   /* [HV][V][K] */
+    double *win[MAX_L]; /* [W-1][C] raw inputs */
+} ref_state;
+
+static void ref_token(const model *m, ref_state *rs, int token, double *h /* [D] out */)
+{
+    const int64_t C = m->C, HV = m->HV, V = m->V, K = m->K, HK = m->HK, N = m->N;
+    double *in = malloc(sizeof(double) * (size_t)N), *c = malloc(sizeof(double) * (size_t)C);
+    double *y = malloc(sizeof(double) * (size_t)(HV * V));
+    memcpy(h, m->embed + (int64_t)token * D, sizeof(double) * D);
+    for (int32_t l = 0; l < m->L; l++) {
+        for (int64_t n = 0; n < N; n++) { /* the projection, rounded as the caller's is */
+            double acc = 0.0;
+            for (int d = 0; d < D; d++) acc += h[d] * m->in_w[l][d * N + n];
+            in[n] = from_bf16(to_bf16(acc));
+        }
+        double *win = rs->win[l];
+        for (int64_t ch = 0; ch < C; ch++) { /* SPEC 6: conv over [window; x], SiLU, window moves on */
+            double acc = 0.0;
+            for (int j = 0; j < W; j++) acc += m->conv_w[l][ch * W + j] * (j < W - 1 ? win[j * C + ch] : in[ch]);
+            c[ch] = silu(acc);
+            for (int j = 0; j < W - 2; j++) win[j * C + ch] = win[(j + 1) * C + ch];
+            win[(W - 2) * C + ch] = in[ch];
+        }
+        for (int64_t hv = 0; hv < HV; hv++) { /* SPEC 1 per value head, then the gated norm */
+            const int64_t kh = hv / (HV / HK);
+            const double *q = c + kh * K, *k = c + HK * K + kh * K, *v = c + 2 * HK * K + hv * V;
+            const double a = in[C + HV * V + hv], b = in[C + HV * V + HV + hv], *z = in + C + hv * V;
+            const double x = a + m->dt_bias[l][hv], sp = x <= 20.0 ? log1p(exp(x)) : x;
+            const double g = exp(-exp(m->A_log[l][hv]) * sp), beta = 1.0 / (1.0 + exp(-b));
+            double qn = 0.0, kn = 0.0;
+            for (int64_t d = 0; d < K; d++) qn += q[d] * q[d], kn += k[d] * k[d];
+            qn = 1.0 / sqrt(K) / sqrt(qn + 1e-6), kn = 1.0 / sqrt(kn + 1e-6);
+            double *S = rs->S[l] + hv * V * K, *o = y + hv * V, ms = 0.0;
+            for (int64_t r = 0; r < V; r++) {
+                double *row = S + r * K, sk = 0.0, sq = 0.0;
+                for (int64_t d = 0; d < K; d++) row[d] *= g, sk += row[d] * k[d] * kn;
+                const double u = beta * (v[r] - sk);
+                for (int64_t d = 0; d < K; d++) row[d] += u * k[d] * kn, sq += row[d] * q[d] * qn;
+                o[r] = sq, ms += sq * sq;
+            }
+            const double scale = 1.0 / sqrt(ms / V + 1e-6);
+            for (int64_t r = 0; r < V; r++) o[r] = o[r] * scale * m->norm_w[l][r] * silu(z[r]);
+        }
+        for (int d = 0; d < D; d++) { /* out projection and residual */
+            double acc = 0.0;
+            for (int64_t e = 0; e < HV * V; e++) acc += (double)(float)y[e] * m->out_w[l][e * D + d];
+            h[d] += acc;
+        }
+    }
+    free(in), free(c), free(y);
+}
+
+static void ref_copy(const model *m, ref_state *dst, const ref_state *src)
+{
+    for (int32_t l = 0; l < m->L; l++) {
+        memcpy(dst->S[l], src->S[l], sizeof(double) * (size_t)(m->HV * m->V * m->K));
+        memcpy(dst->win[l], src->win[l], sizeof(double) * (size_t)((W - 1) * m->C));
+    }
+}
+
+static void ref_alloc(const model *m, ref_state *rs)
+{
+    for (int32_t l = 0; l < m->L; l++) {
+        rs->S[l] = calloc((size_t)(m->HV * m->V * m->K), sizeof(double));
+        rs->win[l] = calloc((size_t)((W - 1) * m->C), sizeof(double));
+    }
+}
+
+static void ref_release(const model *m, ref_state *rs)
+{
+    for (int32_t l = 0; l < m->L; l++) free(rs->S[l]), free(rs->win[l]);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The loop                                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+static double worst = 0.0; /* largest error as a fraction of SPEC 4's fp32 tolerance */
+static void compare(double got, double want, const char *what, int a, int b)
+{
+    const double ratio = fabs(got - want) / (1e-2 + 1e-2 * fabs(want));
+    if (!(ratio <= 1.0)) fprintf(stderr, "%s (%d, %d): %.6g, float64 %.6g\n", what, a, b, got, want);
+    if (!(ratio <= worst)) worst = isnan(ratio) ? INFINITY : ratio;
+}
+
+/* The token request i proposes at position p (the draft model's and the target's script). */
+static int token_at(int i, int p) { return (int)(mix64((uint64_t)i * 1000003u + (uint64_t)p) % VOCAB); }
+
+int main(int argc, char **argv)
+{
+    gdn_verify_strategy verify = GDN_VERIFY_AUTO;
+    int steps = 12, layers = 2;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--verify") && a + 1 < argc) {
+            const char *v = argv[++a];
+            verify = !strcmp(v, "cache") ? GDN_VERIFY_CACHE : !strcmp(v, "fold") ? GDN_VERIFY_FOLD
+                   : !strcmp(v, "ring") ? GDN_VERIFY_RING : GDN_VERIFY_AUTO;
+        } else if (!strcmp(argv[a], "--steps") && a + 1 < argc) {
+            steps = atoi(argv[++a]);
+        } else if (!strcmp(argv[a], "--layers") && a + 1 < argc) {
+            layers = atoi(argv[++a]);
+        } else {
+            fprintf(stderr, "usage: %s [--verify auto|cache|fold|ring] [--steps N] [--layers 1..%d]\n", argv[0], MAX_L);
+            return 2;
+        }
+    }
+    if (layers < 1 || layers > MAX_L || steps < 1) return 2;
+
+    /* The model, random (the weights are rounded to fp32 once, as the engine stores them). */
+    model m = {.L = layers};
+    gdn_model_config mc;
+    CHECK(gdn_model_preset("tiny", layers, &mc));
+    m.HK = mc.num_k_heads, m.HV = mc.num_v_heads, m.K = mc.head_dim_k, m.V = mc.head_dim_v;
+    m.C = 2 * (int64_t)m.HK * m.K + (int64_t)m.HV * m.V;
+    m.N = m.C + (int64_t)m.HV * m.V + 2 * m.HV;
+    const int64_t HVV = (int64_t)m.HV * m.V;
+    m.embed = malloc(sizeof(double) * VOCAB * D);
+    for (int64_t e = 0; e < VOCAB * D; e++) m.embed[e] = normal();
+    for (int32_t l = 0; l < layers; l++) {
+        m.in_w[l] = malloc(sizeof(double) * (size_t)(D * m.N));
+        for (int64_t e = 0; e < D * m.N; e++) /* a and b columns 10x smaller (SPEC 4's gate scale) */
+            m.in_w[l][e] = normal() / sqrt(D) * (e % m.N >= m.C + HVV ? 0.1 : 1.0);
+        m.out_w[l] = malloc(sizeof(double) * (size_t)(HVV * D));
+        for (int64_t e = 0; e < HVV * D; e++) m.out_w[l][e] = normal() / sqrt((double)HVV);
+        m.conv_w[l] = malloc(sizeof(double) * (size_t)(m.C * W));
+        for (int64_t e = 0; e < m.C * W; e++) m.conv_w[l][e] = (float)(0.5 * normal());
+        m.norm_w[l] = malloc(sizeof(double) * (size_t)m.V);
+        for (int64_t e = 0; e < m.V; e++) m.norm_w[l][e] = (float)(1.0 + 0.3 * normal());
+        m.A_log[l] = malloc(sizeof(double) * (size_t)m.HV), m.dt_bias[l] = malloc(sizeof(double) * (size_t)m.HV);
+        for (int64_t h = 0; h < m.HV; h++) m.A_log[l][h] = (float)(0.1 * normal()), m.dt_bias[l][h] = (float)(0.1 * normal());
+    }
+
+    /* The caller's step tensors: one fused [R, T_MAX, N] bf16 tensor and one y [R, T_MAX, HV V] per layer. */
+    uint16_t *fused[MAX_L];
+    float *y[MAX_L];
+    gdn_layer_views views[MAX_L];
+    for (int32_t l = 0; l < layers; l++) {
+        fused[l] = calloc((size_t)(R * T_MAX * m.N), 2);
+        y[l] = calloc((size_t)(R * T_MAX * HVV), 4);
+        const int64_t col_z = m.C, col_a = m.C + HVV, col_b = col_a + m.HV;
+        /* Strides for the step's T (dense [B, T, N] of the step): the rows' stride changes with T, so
+         * the views are set for T_MAX and every step writes T_MAX token slots (unused ones zero). */
+        views[l] = (gdn_layer_views){
+            .x = {fused[l], T_MAX * m.N, m.N, 0},
+            .z = {fused[l] + col_z, T_MAX * m.N, m.N, m.V},
+            .a = {fused[l] + col_a, T_MAX * m.N, m.N, 1},
+            .b = {fused[l] + col_b, T_MAX * m.N, m.N, 1},
+            .o = {y[l], T_MAX * HVV, HVV, m.V},
+        };
+    }
+
+    gdn_engine_config cfg;
+    CHECK(gdn_engine_config_init(&cfg, &mc));
+    cfg.backend = GDN_BACKEND_CPU; /* the GPU path is for later (see the top of the file) */
+    cfg.output_dtype = GDN_DTYPE_F32;
+    cfg.num_slots = SLOTS;
+    cfg.max_batch = R;
+    cfg.max_tokens = T_MAX;
+    cfg.verify_strategy = verify;
+    cfg.io_views = views;
+    cfg.mixer = (gdn_mixer_config){.conv_width = W, .conv_weight_dtype = GDN_DTYPE_F32, .use_norm = 1};
+    gdn_engine *e = NULL;
+    CHECK(gdn_engine_create(&cfg, &e));
+    for (int32_t l = 0; l < layers; l++) {
+        float A[64], dt[64], *cw = malloc(sizeof(float) * (size_t)(m.C * W)), nw[256];
+        for (int64_t h = 0; h < m.HV; h++) A[h] = (float)m.A_log[l][h], dt[h] = (float)m.dt_bias[l][h];
+        for (int64_t i = 0; i < m.C * W; i++) cw[i] = (float)m.conv_w[l][i];
+        for (int64_t i = 0; i < m.V; i++) nw[i] = (float)m.norm_w[l][i];
+        CHECK(gdn_engine_set_layer_params(e, l, A, dt));
+        CHECK(gdn_engine_set_mixer_params(e, l, cw, NULL, nw));
+        free(cw);
+    }
+
+    /* Admit R requests: a slot each, state and window zero (no prefill here). */
+    int32_t slot[R];
+    int pos[R];
+    ref_state ref[R], spare;
+    for (int i = 0; i < R; i++) {
+        CHECK(gdn_slot_alloc(e, &slot[i]));
+        CHECK(gdn_slot_reset(e, slot[i], NULL));
+        ref_alloc(&m, &ref[i]);
+        pos[i] = 0;
+    }
+    ref_alloc(&m, &spare);
+
+    const proj_backend *proj = &cpu_proj;
+    double *h = malloc(sizeof(double) * (size_t)(R * T_MAX * D)), *want = malloc(sizeof(double) * D);
+    int accepted_total = 0, verified_total = 0;
+    for (int s = 0; s < steps; s++) {
+        const int is_verify = s % 2 == 1, T = is_verify ? 2 + s / 2 % 3 : 1;
+        /* The step: embeddings in, then per layer the caller's projection, the engine's mixer, the
+         * caller's out projection with the residual. */
+        for (int i = 0; i < R; i++)
+            for (int t = 0; t < T_MAX; t++)
+                for (int d = 0; d < D; d++)
+                    h[((int64_t)i * T_MAX + t) * D + d] = t < T ? m.embed[(int64_t)token_at(i, pos[i] + t) * D + d] : 0.0;
+        const gdn_step step = {is_verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, T, R, slot, NULL, 0};
+        CHECK(gdn_engine_begin_step(e, &step, NULL, NULL));
+        for (int32_t l = 0; l < layers; l++) {
+            proj->in_proj(&m, l, h, R * T_MAX, fused[l]);
+            CHECK(gdn_engine_run_layer(e, l, NULL));
+            for (int i = 0; i < R; i++) /* only the step's tokens carry on */
+                proj->out_proj(&m, l, y[l] + (int64_t)i * T_MAX * HVV, T, h + (int64_t)i * T_MAX * D);
+        }
+        int32_t acc[R];
+        for (int i = 0; i < R; i++) acc[i] = is_verify ? (int32_t)(mix64((uint64_t)(s * 31 + i)) % (uint64_t)(T + 1)) : 1;
+        if (is_verify) { /* the "sampler" on the device writes the accepted counts; the engine commits */
+            memcpy(gdn_engine_accepted(e), acc, sizeof acc);
+            CHECK(gdn_engine_commit(e, NULL));
+        }
+        /* The float64 run: every token's final hidden state; the state after the accepted ones. */
+        for (int i = 0; i < R; i++) {
+            ref_copy(&m, &spare, &ref[i]);
+            for (int t = 0; t < T; t++) {
+                ref_token(&m, &spare, token_at(i, pos[i] + t), want);
+                for (int d = 0; d < D; d++) compare(h[((int64_t)i * T_MAX + t) * D + d], want[d], "hidden (row, token)", i, t);
+                if (t + 1 == acc[i]) ref_copy(&m, &ref[i], &spare);
+            }
+            pos[i] += acc[i];
+            if (is_verify) accepted_total += acc[i], verified_total += T;
+        }
+    }
+
+    /* Every slot's state and window through the API (pending work written back) against the run. */
+    const int64_t SE = HVV * m.K, WE = (W - 1) * m.C;
+    float *state = malloc(sizeof(float) * (size_t)SE);
+    uint16_t *win = malloc(sizeof(uint16_t) * (size_t)WE);
+    int windows_ok = 1;
+    for (int i = 0; i < R; i++)
+        for (int32_t l = 0; l < layers; l++) {
+            CHECK(gdn_slot_read_state(e, l, slot[i], state));
+            CHECK(gdn_slot_read_conv_state(e, l, slot[i], win));
+            for (int64_t k = 0; k < SE; k++) compare(state[k], ref[i].S[l][k], "state (row, layer)", i, l);
+            for (int64_t k = 0; k < WE; k++) windows_ok &= from_bf16(win[k]) == ref[i].win[l][k];
+        }
+    CHECK(gdn_engine_check_device_error(e, NULL));
+    for (int i = 0; i < R; i++) CHECK(gdn_slot_free(e, slot[i]));
+    const gdn_verify_strategy used = gdn_engine_get_config(e)->verify_strategy;
+    printf("gdn-model-loop: cpu backend, %d mixer layers (tiny heads, W %d, gated norm), %d steps, verify %s, "
+           "%d of %d draft tokens accepted\n",
+           layers, W, steps, used == GDN_VERIFY_FOLD ? "fold" : used == GDN_VERIFY_RING ? "ring" : "cache",
+           accepted_total, verified_total);
+    const int pass = worst <= 1.0 && windows_ok;
+    printf("checks: hidden states and slot states vs float64 at %.2f%% of SPEC 4's tolerance, conv windows %s: %s\n",
+           100.0 * worst, windows_ok ? "bit-exact" : "DIFFER", pass ? "PASS" : "FAIL");
+
+    gdn_engine_destroy(e);
+    for (int i = 0; i < R; i++) ref_release(&m, &ref[i]);
+    ref_release(&m, &spare);
+    for (int32_t l = 0; l < layers; l++) {
+        free(fused[l]), free(y[l]), free(m.in_w[l]), free(m.out_w[l]), free(m.conv_w[l]), free(m.norm_w[l]);
+        free(m.A_log[l]), free(m.dt_bias[l]);
+    }
+    free(m.embed), free(h), free(want), free(state), free(win);
+    return pass ? 0 : 1;
+}
