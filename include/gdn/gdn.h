@@ -365,8 +365,9 @@ GDN_API gdn_status gdn_engine_config_validate(const gdn_engine_config *config);
  * Validates `config` and allocates everything the engine will use (pools, verify cache, I/O buffers,
  * slot tables). State pools start zeroed; A_log and dt_bias start at zero for every layer (set them
  * with gdn_engine_set_layer_params). Returns GDN_ECONFIG_* for a bad field, GDN_ENODEV when
- * GDN_BACKEND_CUDA was asked for and no GPU (or no CUDA support in this build) is there, GDN_ENOMEM
- * when an allocation fails. On success *out is the new engine.
+ * GDN_BACKEND_CUDA was asked for and no GPU (or no CUDA support in this build) is there, GDN_ENOTSUP
+ * for a mixer (config.mixer) on the CUDA backend (its fused kernel is not built yet), GDN_ENOMEM when
+ * an allocation fails. On success *out is the new engine.
  */
 GDN_API gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out);
 
