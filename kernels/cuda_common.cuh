@@ -85,7 +85,7 @@ inline cudaError_t gdn__opt_in_shared(Kernel kernel, int bytes, std::atomic<bool
  * gdn__wait_preceding() it may read only memory that the preceding kernel does not write (slot rows,
  * the state of its own layer), and it writes nothing. Every kernel of ours calls
  * gdn__allow_dependents() only after its own wait, so when a kernel starts early, every kernel before
- * the one preceding it has completed. Without the launch attribute both are no-ops. */
+ * the one preceding it has completed. Launched without the attribute, a kernel skips the wait. */
 __device__ __forceinline__ void gdn__wait_preceding()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -95,7 +95,7 @@ __device__ __forceinline__ void gdn__wait_preceding()
 __device__ __forceinline__ void gdn__allow_dependents()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n");
 #endif
 }
 

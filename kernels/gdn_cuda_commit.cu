@@ -24,7 +24,7 @@
 template <typename U>
 __global__ void __launch_bounds__(GDN__COMMIT_THREADS) commit_kernel(const gdn__commit_params p, int64_t count)
 {
-    gdn__wait_preceding(); /* the step's last layer, and the sampler's accepted counts */
+    if (p.overlap_preceding) gdn__wait_preceding(); /* the step's last layer, and the sampler's accepted counts */
     gdn__allow_dependents();
     const int64_t i = blockIdx.y;
     const int64_t l = blockIdx.z;
@@ -76,7 +76,7 @@ template <typename U> static gdn_status launch(const gdn__commit_params *p, int6
 
 __global__ void __launch_bounds__(128) commit_pending_kernel(const gdn__commit_params p)
 {
-    gdn__wait_preceding();
+    if (p.overlap_preceding) gdn__wait_preceding();
     gdn__allow_dependents();
     const int64_t i = blockIdx.x;
     const int64_t r = p.read_slots[i];

@@ -22,7 +22,7 @@ constexpr int FETCH_THREADS = 256, FETCH_BATCH = 4, FETCH_HEAD = FETCH_THREADS *
 __global__ void __launch_bounds__(FETCH_THREADS) gdn_fetch_rows_kernel(gdn__fetch_params p)
 {
     __shared__ int32_t head[FETCH_HEAD];
-    gdn__wait_preceding(); /* the previous step's kernels may still read the row buffer */
+    if (p.overlap_preceding) gdn__wait_preceding(); /* the previous step's kernels may still read the row buffer */
     gdn__allow_dependents();
     const long long seq = *p.device_seq;
     const volatile int32_t *entry = p.ring + (size_t)(seq % p.ring_entries) * (size_t)p.entry_stride;

@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD>()))
     const int64_t out_base = gdn__at(p.out_strides, i, 0, h); /* (i, t = 0, h, row 0) */
 
     if (r < 0 || out_of_range) {
-        gdn__wait_preceding(); /* the preceding kernel may still read the output */
+        if (p.overlap_preceding) gdn__wait_preceding(); /* the preceding kernel may still read the output */
         gdn__allow_dependents();
         if (out_of_range && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
         if (glane == 0)
@@ -154,9 +154,19 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD>()))
     const int64_t state_elems = (int64_t)V * K;
     const S *src = static_cast<const S *>(p.state) + r * p.slot_stride + h * state_elems;
     float st[RT][NV][EV];
+    /* Large grids (the most state per thread) are bandwidth-bound: the step's inputs are better
+     * loaded beside the state, so they wait first; small grids are latency-bound: their state loads
+     * go out before the wait. */
+    constexpr bool STATE_BEFORE_WAIT = FOLD || REGS != big_regs<S>();
+    if constexpr (!STATE_BEFORE_WAIT) {
+        if (p.overlap_preceding) gdn__wait_preceding();
+        gdn__allow_dependents();
+    }
     load_rows<K, S, Geo>(src, st, row0, glane);
-    gdn__wait_preceding();
-    gdn__allow_dependents();
+    if constexpr (STATE_BEFORE_WAIT) {
+        if (p.overlap_preceding) gdn__wait_preceding();
+        gdn__allow_dependents();
+    }
 
     float a_raw = 0.0f, b_raw = 0.0f; /* token threadIdx.x's gate inputs */
     if constexpr (SHARED) {

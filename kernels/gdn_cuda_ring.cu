@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     O *out = static_cast<O *>(p.out);
     const int64_t out_token_stride = p.out_strides.token, out_base = gdn__at(p.out_strides, i, 0, head);
     if (r < 0 || out_of_range) {
-        gdn__wait_preceding(); /* the preceding kernel may still read the output */
+        if (p.overlap_preceding) gdn__wait_preceding(); /* the preceding kernel may still read the output */
         gdn__allow_dependents();
         if (out_of_range && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
         if (glane == 0)
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     load_rows<K, S, Geo>(state_r, st, row0, glane);
     for (int pass = 1; pass < passes; pass++) prefetch_rows<K, S, Geo>(state_r, row0 + pass * pass_rows, glane);
     /* Only the state before the wait for the preceding kernel (overlap_preceding): it writes the inputs. */
-    gdn__wait_preceding();
+    if (p.overlap_preceding) gdn__wait_preceding();
     gdn__allow_dependents();
 
     /* The step's own k and q (raw rows C.. and C + T..; records take rows 0..h-1) and gate inputs do
