@@ -10,19 +10,23 @@
 #include <cuda_runtime.h>
 #endif
 
-/* A buffer in the backend's memory (device memory on CUDA), for import and export. */
+/* A buffer in the backend's memory (device memory on CUDA), for import and export, every byte 0xff
+ * (a NaN pattern: what an export leaves alone stays recognisable, and nothing reads unset memory). */
+#define BUFFER_POISON 0xff
 static void *buffer_alloc(gdn_backend_kind backend, size_t bytes)
 {
     void *p = NULL;
 #ifdef GDN_HAVE_CUDA
     if (backend == GDN_BACKEND_CUDA) {
         cr_assert_eq(cudaMalloc(&p, bytes), cudaSuccess);
+        cr_assert_eq(cudaMemset(p, BUFFER_POISON, bytes), cudaSuccess);
         return p;
     }
 #endif
     (void)backend;
-    p = calloc(1, bytes);
+    p = malloc(bytes);
     cr_assert_not_null(p);
+    memset(p, BUFFER_POISON, bytes);
     return p;
 }
 
@@ -99,6 +103,10 @@ void slot_ops_keep_current_states(gdn_backend_kind backend, gdn_verify_strategy 
         double *x = test_read_state(e, l, 2);
         for (size_t i = 0; i < elems; i++) cr_assert_eq((double)out[l * stride + (int64_t)i], x[i], "export layer %d", l);
         free(x);
+        /* The gap after each layer's state is not the export's to write. */
+        const unsigned char *gap = (const unsigned char *)(out + l * stride + (int64_t)elems);
+        for (size_t b = 0; b < (size_t)(stride - (int64_t)elems) * sizeof(float); b++)
+            cr_assert_eq(gap[b], BUFFER_POISON, "export wrote into the gap after layer %d", l);
     }
     /* import: exactly the given state, pending tokens / records dropped. */
     for (int64_t i = 0; i < 2 * stride; i++) out[i] = (float)(0.001 * (double)(i % 977));
