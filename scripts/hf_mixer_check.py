@@ -138,7 +138,20 @@ class HFRef:
     def conv_update(self, x, conv_state, weight):
         t = self.torch
         cs = t.from_numpy(conv_state.copy())
-        out = self.m.torch_causal_conv1d_update(t.from_numpy(x.copy()), cs, t.from_numpy(weight), None, "silu")
+        fn = getattr(self.m, "torch_causal_conv1d_update", None)
+        if fn is not None:
+            out = fn(t.from_numpy(x.copy()), cs, t.from_numpy(weight), None, "silu")
+        else:
+            # Newer transformers (5.x) no longer keep the torch fallback in this module (the conv
+            # comes from a kernel package there): the same depthwise causal conv + SiLU in torch.
+            if not getattr(self, "noted", False):
+                print("note: transformers has no torch_causal_conv1d_update; conv by torch conv1d here")
+                self.noted = True
+            xt = t.from_numpy(x.copy())
+            new = t.cat([cs, xt], dim=-1)
+            cs.copy_(new[:, :, -cs.shape[-1]:])
+            out = t.nn.functional.conv1d(new, t.from_numpy(weight).unsqueeze(1), None, padding=0, groups=new.shape[1])
+            out = t.nn.functional.silu(out[:, :, -xt.shape[-1]:])
         conv_state[...] = cs.numpy()
         return out.numpy()
 
