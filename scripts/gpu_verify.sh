@@ -12,6 +12,10 @@
 #   GDN_VERIFY_SANITIZE=0 skips the sanitizers; GDN_VERIFY_BENCH=0 skips the benches.
 #   GDN_VERIFY_LIMIT (seconds, default 420) bounds the parallel phase (a suite cut short shows up as
 #   such in its log and in the summary).
+#   GDN_VERIFY_SANITIZE_SCALE (default 0.1): the share of their steps that the random scenarios run
+#   under racecheck and initcheck (GDN_TEST_SCALE; every kernel instance still runs, at least 12
+#   steps each; the plain suites, memcheck and synccheck run them whole), so that those pieces
+#   finish inside one call.
 #   GDN_VERIFY_PACK=1 replaces the logs by one OUT_DIR/logs.tar.gz (for remote runners that return
 #   only a few files).
 set -u
@@ -33,7 +37,9 @@ sanitize() { # tool suite label [filter]
     local log="$out/${tool}_${suite}${label:+_$label}.log"
     local filter=(); [ -n "${4:-}" ] && filter=(--filter "$4")
     local opts=(--tool "$tool"); [ "$tool" = memcheck ] && opts+=(--leak-check no)
-    (timeout "$limit" compute-sanitizer "${opts[@]}" "$bundle/$suite" -j1 --verbose "${filter[@]}" \
+    local scale=1; case "$tool" in racecheck | initcheck) scale=${GDN_VERIFY_SANITIZE_SCALE:-0.1} ;; esac
+    (GDN_TEST_SCALE=$scale timeout "$limit" compute-sanitizer "${opts[@]}" \
+        "$bundle/$suite" -j1 --verbose "${filter[@]}" \
         > "$log" 2>&1; echo "exit $?" >> "$log") &
 }
 if want tests; then

@@ -123,7 +123,8 @@ scenario_result run_scenario(const scenario_options *o)
     uint8_t *row_flush = calloc((size_t)o->max_batch, 1); /* ring: the row writes the state back */
     uint8_t bucket_seen[4096] = {0};
 
-    for (int32_t step = 0; step < o->steps; step++) {
+    const int32_t steps = test_scaled_steps(o->steps);
+    for (int32_t step = 0; step < steps; step++) {
         /* Arrivals: bursts, so the batch grows and shrinks through the buckets. */
         const int busy = (step / 25) % 2 == 0;
         int32_t arrivals = test_rng_below(&rng, busy ? 4 : 2), live = 0;
@@ -288,7 +289,7 @@ scenario_result run_scenario(const scenario_options *o)
         /* Every live request's state, every layer, against the reference (fold: reading a state
          * folds its pending tokens first, so the model does too; ring: a read writes the current state
          * back into the pool, rounded, and empties the ring). */
-        const int check_now = step % check_every == check_every - 1 || step == o->steps - 1;
+        const int check_now = step % check_every == check_every - 1 || step == steps - 1;
         for (int32_t q = 0; q < max_requests && check_now; q++) {
             if (!reqs[q].live) continue;
             /* The raw pool, before the read: the model's stored state (the fold and ring strategies'

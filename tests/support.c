@@ -296,6 +296,17 @@ void test_require_gpu(void)
     if (!test_have_gpu()) cr_skip_test("no usable CUDA GPU here (or no CUDA in this build): GPU test skipped");
 }
 
+int32_t test_scaled_steps(int32_t steps)
+{
+    const char *text = getenv("GDN_TEST_SCALE");
+    const double scale = text ? atof(text) : 1.0;
+    if (!(scale > 0.0 && scale < 1.0)) return steps;
+    const int32_t scaled = (int32_t)(steps * scale);
+    return scaled < 12 ? (steps < 12 ? steps : 12) : scaled;
+}
+
+int test_full_length(void) { return test_scaled_steps(1000000) == 1000000; }
+
 int test_have_gpu(void)
 {
     gdn_engine_config config = test_config("tiny", 1, GDN_DTYPE_F32, 1, 1, 1);

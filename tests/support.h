@@ -99,4 +99,12 @@ int test_have_gpu(void);
 /* Skips the calling test (visibly, with the reason) unless test_have_gpu(). */
 void test_require_gpu(void);
 
+/* The steps a random scenario runs: `steps`, or under GDN_TEST_SCALE (a factor in (0, 1], which
+ * scripts/gpu_verify.sh sets for the compute-sanitizer runs, where every kernel instance is what is
+ * checked and a long run does not fit the time) that share of them, at least 12. */
+int32_t test_scaled_steps(int32_t steps);
+/* True unless GDN_TEST_SCALE shortens the scenarios: the assertions that a scenario reached a path
+ * (verify steps, write-backs) hold only for full-length runs. */
+int test_full_length(void);
+
 #endif /* GDN_TESTS_SUPPORT_H */

@@ -62,8 +62,8 @@ Test(gpu_fold, sixteen_token_verifies_match_the_host_model, .timeout = 900)
             scenario_result r = run_scenario(&o);
             cr_log_info("%s %s, T <= 16: worst state %.1f%%, output %.1f%% of tolerance", presets[pi], d ? "bf16" : "fp32",
                         100 * r.worst_state, 100 * r.worst_output);
-            cr_assert_gt(r.verify_steps, 0);
-            cr_assert_gt(r.accepted_full, 0);
+            if (test_full_length()) cr_assert_gt(r.verify_steps, 0);
+            if (test_full_length()) cr_assert_gt(r.accepted_full, 0);
         }
 }
 
@@ -81,7 +81,7 @@ Test(gpu_fold, large_batches_match_the_host_model, .timeout = 900)
         scenario_result r = run_scenario(&o);
         cr_log_info("qwen3-next %s, B <= 64: worst state %.1f%%, output %.1f%% of tolerance, largest bucket %d",
                     d ? "bf16" : "fp32", 100 * r.worst_state, 100 * r.worst_output, r.largest_bucket);
-        cr_assert_gt(r.verify_steps, 0);
+        if (test_full_length()) cr_assert_gt(r.verify_steps, 0);
         cr_assert_geq(r.largest_bucket, 32); /* qwen3-next: four row sets per CTA from B = 32 on */
     }
 }
@@ -106,8 +106,8 @@ Test(gpu_fold, ring_matches_the_host_model, .timeout = 900)
                         "decode %d, verify %d, fork %d, read %d; most records %d",
                         d ? "bf16" : "fp32", lengths[li], 100 * r.worst_state, 100 * r.worst_output, r.rms_vs_exact,
                         r.ring_flush_decode, r.ring_flush_verify, r.ring_flush_fork, r.ring_flush_read, r.ring_largest);
-            cr_assert_gt(r.ring_flush_decode, 0);
-            cr_assert_gt(r.ring_flush_verify, 0);
+            if (test_full_length()) cr_assert_gt(r.ring_flush_decode, 0);
+            if (test_full_length()) cr_assert_gt(r.ring_flush_verify, 0);
             if (d == 1 && li == 1) {
                 o.strategy = GDN_VERIFY_CACHE;
                 const scenario_result cache = run_scenario(&o);
@@ -139,10 +139,12 @@ Test(gpu_fold, ring_sixteen_token_verifies_match_the_host_model, .timeout = 900)
                         "verify %d, fork %d, read %d; most records %d",
                         presets[pi], d ? "bf16" : "fp32", ring_length, 100 * r.worst_state, 100 * r.worst_output,
                         r.ring_flush_decode, r.ring_flush_verify, r.ring_flush_fork, r.ring_flush_read, r.ring_largest);
-            cr_assert_gt(r.verify_steps, 0);
-            cr_assert_gt(r.accepted_full, 0);
-            if (ring_length == 4) cr_assert_gt(r.ring_flush_decode + r.ring_flush_verify, 0, "write-backs in the kernels");
-            else cr_assert_gt(r.ring_largest, GDN_MAX_TOKENS, "rings held more than one verify's tokens");
+            if (test_full_length()) cr_assert_gt(r.verify_steps, 0);
+            if (test_full_length()) cr_assert_gt(r.accepted_full, 0);
+            if (ring_length == 4 && test_full_length())
+                cr_assert_gt(r.ring_flush_decode + r.ring_flush_verify, 0, "write-backs in the kernels");
+            else if (test_full_length())
+                cr_assert_gt(r.ring_largest, GDN_MAX_TOKENS, "rings held more than one verify's tokens");
         }
 }
 
@@ -162,10 +164,10 @@ Test(gpu_fold, ring_large_batches_match_the_host_model, .timeout = 900)
                     "write-backs: decode %d, verify %d, fork %d, read %d",
                     d ? "bf16" : "fp32", lengths[d], 100 * r.worst_state, 100 * r.worst_output, r.largest_bucket,
                     r.ring_flush_decode, r.ring_flush_verify, r.ring_flush_fork, r.ring_flush_read);
-        cr_assert_gt(r.verify_steps, 0);
+        if (test_full_length()) cr_assert_gt(r.verify_steps, 0);
         cr_assert_geq(r.largest_bucket, 32);
-        cr_assert_gt(r.ring_flush_decode, 0);
-        cr_assert_gt(r.ring_flush_verify, 0);
+        if (test_full_length()) cr_assert_gt(r.ring_flush_decode, 0);
+        if (test_full_length()) cr_assert_gt(r.ring_flush_verify, 0);
     }
 }
 
