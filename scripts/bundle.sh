@@ -3,7 +3,7 @@
 # that runs on a GPU host that has the CUDA driver but neither Criterion nor jemalloc installed:
 #
 #   scripts/bundle.sh [BUILD_DIR] [OUT_DIR]      (defaults: build-gpu, gpu-bundle)
-#   GDN_BUNDLE_GPU_ONLY=1 scripts/bundle.sh ...  (only the GPU suites, the bench and the example)
+#   GDN_BUNDLE_GPU_ONLY=1 scripts/bundle.sh ...  (only the GPU suites, the bench, the example and gdn-soak)
 #   LD_LIBRARY_PATH=OUT_DIR OUT_DIR/test_gpu_kernels
 #   OUT_DIR/run-tests.sh                          (runs every test binary, exit status = failures)
 #
@@ -17,7 +17,7 @@ rm -rf "$out"
 mkdir -p "$out"
 
 binaries=()
-for f in "$build"/tests/test_* "$build"/bench/gdn-bench "$build"/examples/gdn-serving-loop; do
+for f in "$build"/tests/test_* "$build"/tests/gdn-soak "$build"/bench/gdn-bench "$build"/examples/gdn-serving-loop; do
     # GDN_BUNDLE_GPU_ONLY=1: leave out the CPU-only suites (CI runs them), to keep the archive small.
     [ "${GDN_BUNDLE_GPU_ONLY:-0}" = 1 ] && [[ "$(basename "$f")" == test_* ]] && [[ "$(basename "$f")" != test_gpu_* ]] && continue
     [ -f "$f" ] && [ -x "$f" ] && binaries+=("$f")

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # CPU soak (issue 17): builds gdn-soak in its own build directory (GDN_SOAK_BUILD_DIR, default
 # build-soak; CPU only) and runs it: random admit / retire / decode / verify / commit / padding rows /
-# forks / slot reuse against an independent float64 model, host memory watched for growth.
+# forks / slot reuse against an independent float64 model, host memory watched for growth. The GPU
+# soak is the same program with --backend cuda, run on the GPU host by scripts/soak_gpu.sh.
 #
 #   scripts/soak.sh [STEPS] [gdn-soak options...]    default 100000 steps, every strategy in turn
 #   scripts/soak.sh 100000 --verify ring --state bf16 --seed 7
+#   scripts/soak.sh 3000 --preset qwen3-next --layers 3 --heads 2 --threads 2   (the GPU soak's sampled
+#                                                    model, on the CPU backend: slow, for checking it)
 #
-# 1e5 steps (cache, fold and ring, a third each) took 167 s of CPU (2.8 minutes) on one core of the
-# 2-core machine this was written on (5.5 minutes of wall time while other builds loaded it); 3e4 steps
-# take about 50 s. Exit status: gdn-soak's (0: every check passed and memory stayed flat).
+# 1e5 steps (cache, fold and ring, a third each) take about 2.9 minutes (171 s) on one core of a
+# 2-core machine (longer while other work loads it); 3e4 steps take about 49 s.
+# Exit status: gdn-soak's (0: every check passed and memory stayed flat).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${GDN_SOAK_BUILD_DIR:-build-soak}
