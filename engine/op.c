@@ -534,19 +534,26 @@ gdn_status gdn_op_slot_copy(const gdn_op_layer *op, int32_t dst, int32_t src, vo
     return run_slot_copy(&s, &p, stream);
 }
 
-gdn_status gdn_op_slot_import(const gdn_op_layer *op, int32_t slot, const void *src, void *stream)
+/* Import of src into the slot; src NULL: a reset (zeros). */
+static gdn_status import_or_reset(const gdn_op_layer *op, int32_t slot, const void *src, void *stream)
 {
     gdn__op_stack s;
     gdn_status status = one_layer(op, &s);
     if (status == GDN_OK) status = check_slot(op, slot);
     if (status != GDN_OK) return status;
-    const gdn__slot_copy_params p = gdn__op_import_params(&s, slot, src, 0); /* src NULL: a reset */
+    const gdn__slot_copy_params p = gdn__op_import_params(&s, slot, src, 0);
     return run_slot_copy(&s, &p, stream);
+}
+
+gdn_status gdn_op_slot_import(const gdn_op_layer *op, int32_t slot, const void *src, void *stream)
+{
+    if (!src) return GDN_EINVAL;
+    return import_or_reset(op, slot, src, stream);
 }
 
 gdn_status gdn_op_slot_reset(const gdn_op_layer *op, int32_t slot, void *stream)
 {
-    return gdn_op_slot_import(op, slot, NULL, stream);
+    return import_or_reset(op, slot, NULL, stream);
 }
 
 gdn_status gdn_op_slot_export(const gdn_op_layer *op, int32_t slot, void *dst, void *stream)

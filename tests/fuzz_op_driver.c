@@ -31,19 +31,11 @@
  * GDN_FUZZ_OP_STRICT the driver steps around each (it does not generate what shows it), so that a
  * fuzzing run keeps looking for new ones; each has a corpus input (tests/fuzz_corpus_op/open-bug-*)
  * that the replay suite runs strictly. */
-enum { BUG_NEGATIVE_WRITE_SLOT, BUG_IMPORT_NULL, BUG_NEGATIVE_STRIDE_STORE, BUG_COUNT };
+/* (Fixed in 2026-11-23's session 10, inputs crash-*: a live row with a negative write slot wrote out
+ * of bounds; gdn_op_slot_import(NULL) reset the slot; fold and ring stored strided inputs through a
+ * size_t-wrapped negative offset.) */
+enum { BUG_COUNT };
 static const char *const known_bug[BUG_COUNT + 1] = {
-    /* A row with read slot r >= 0 and write slot w < 0 is not padding: the CPU reference (and the
-     * CUDA kernels, which skip only r < 0) write the state at w, the cache commit copies into w, fold
-     * sets pending[w] and the ring count[w] += n: writes before the pool and inside the workspace. */
-    "a live row with a negative write slot writes out of bounds (not treated as padding)",
-    /* gdn_op.h: "GDN_EINVAL for NULL buffers"; gdn_op_slot_import(op, slot, NULL) resets the slot. */
-    "gdn_op_slot_import with a NULL source resets the slot instead of returning GDN_EINVAL",
-    /* kernels/ref/gdn_ref.c, store_row_tokens and store_ring_inputs: the source of a stored token is
-     * (const char *)p->k + (size_t)gdn__at(...) * esize; a negative view offset wraps through size_t
-     * (pointer overflow: undefined behaviour, UBSan's pointer-overflow check aborts; it works by the
-     * wrap-around on common targets). Only a sanitized build shows it. */
-    "fold and ring: a k, v, a or b view with a negative stride is stored through a size_t-wrapped offset (UB)",
     NULL,
 };
 
@@ -313,8 +305,7 @@ static int64_t hi(int64_t n, int64_t s) { return n > 1 && s > 0 ? (n - 1) * s : 
 /* Lays out [B, T, H, D] in a region of its own: dense (strides 0), or strided with the three outer
  * dimensions in any order, gaps between them, some reversed (negative strides) and, for inputs, one
  * broadcast (stride 0: every row, token or head reads the same elements). */
-static tview make_view(oz *f, const char *name, gdn_dtype dtype, int32_t B, int32_t T, int32_t H, int32_t D, int input,
-                       int may_reverse)
+static tview make_view(oz *f, const char *name, gdn_dtype dtype, int32_t B, int32_t T, int32_t H, int32_t D, int input)
 {
     tview v;
     memset(&v, 0, sizeof v);
@@ -334,10 +325,6 @@ static tview make_view(oz *f, const char *name, gdn_dtype dtype, int32_t B, int3
             stride = stride * (n[o[j]] > 0 ? n[o[j]] : 1) + ((pads >> (1 + j)) & 1) * 4;
         }
         unsigned flips = u8(f) & 7;
-        if (flips && !may_reverse) { /* known bug: step around it */
-            f->res->known_bugs_hit |= 1u << BUG_NEGATIVE_STRIDE_STORE;
-            flips = 0;
-        }
         for (int j = 0; j < 3; j++)
             if (flips >> j & 1) s[j] = -s[j];
         if (input && mode % 8 == 7) s[(mode >> 6) % 3] = 0; /* a broadcast dimension */
@@ -786,8 +773,7 @@ static mutation mutate(oz *f, call_kind c, gdn_op_layer *op, gdn_mixer *mixer, c
         if (c == C_EXPORT) a->dst_buf = NULL, m = (mutation){GDN_EINVAL, 1, "export to NULL"};
         break;
     case 46:
-        if (c == C_IMPORT && !f->strict) f->res->known_bugs_hit |= 1u << BUG_IMPORT_NULL; /* stepped around */
-        else if (c == C_IMPORT) a->src_buf = NULL, m = (mutation){GDN_EINVAL, 1, "import from NULL"};
+        if (c == C_IMPORT) a->src_buf = NULL, m = (mutation){GDN_EINVAL, 1, "import from NULL"};
         break;
     default: a->null_op = 1, m = (mutation){GDN_EINVAL, 0, "op NULL"}; break;
     }
@@ -879,11 +865,6 @@ static void plan_rows(oz *f, step_plan *sp)
         case 3: /* a live row with a negative write slot */
             r = sp->shared ? (int32_t)(t / 10 % (unsigned)f->S) : free_slot(f, taken, t / 10);
             w = -1 - (int32_t)(t / 10 % 2);
-            if (r < 0) break;
-            if (!f->strict) { /* known bug: step around it (the row becomes padding) */
-                f->res->known_bugs_hit |= 1u << BUG_NEGATIVE_WRITE_SLOT;
-                r = -1;
-            }
             break;
         case 4: /* a fork: read one slot, write another */
             if (sp->shared) {
@@ -929,18 +910,17 @@ static void do_step(oz *f, int shared, int decode)
     }
     f->work += work;
 
-    /* Tensors. Fold and ring keep k, v, a and b (a known bug with negative strides there). */
+    /* Tensors. */
     const unsigned layout = u8(f);
-    const int stored_may_reverse = f->strict || f->strategy == GDN_VERIFY_CACHE;
     tview q, kk, v, a, b, o, z;
     memset(&z, 0, sizeof z);
     if (layout % 4 == 0) {
         make_fused_qkv(f, B, T, &q, &kk, &v);
         fill_random(f, q.reg, f->id, f->in_scale);
     } else {
-        q = make_view(f, "q", f->id, B, T, f->HK, f->K, 1, 1);
-        kk = make_view(f, "k", f->id, B, T, f->HK, f->K, 1, stored_may_reverse);
-        v = make_view(f, "v", f->id, B, T, f->HV, f->V, 1, stored_may_reverse);
+        q = make_view(f, "q", f->id, B, T, f->HK, f->K, 1);
+        kk = make_view(f, "k", f->id, B, T, f->HK, f->K, 1);
+        v = make_view(f, "v", f->id, B, T, f->HV, f->V, 1);
         fill_random(f, q.reg, f->id, f->in_scale), fill_random(f, kk.reg, f->id, f->in_scale);
         fill_random(f, v.reg, f->id, 1.0);
     }
@@ -948,17 +928,17 @@ static void do_step(oz *f, int shared, int decode)
         make_fused_ab(f, B, T, &a, &b);
         fill_random(f, a.reg, f->id, f->gate_scale);
     } else {
-        a = make_view(f, "a", f->id, B, T, f->HV, 1, 1, stored_may_reverse);
-        b = make_view(f, "b", f->id, B, T, f->HV, 1, 1, stored_may_reverse);
+        a = make_view(f, "a", f->id, B, T, f->HV, 1, 1);
+        b = make_view(f, "b", f->id, B, T, f->HV, 1, 1);
         fill_random(f, a.reg, f->id, f->gate_scale), fill_random(f, b.reg, f->id, f->gate_scale);
     }
-    o = make_view(f, "o", f->od, B, T, f->HV, f->V, 0, 1);
+    o = make_view(f, "o", f->od, B, T, f->HV, f->V, 0);
     fill_random(f, o.reg, f->od, 1000.0); /* poison: far from any output */
     gdn_mixer norm;
     memset(&norm, 0, sizeof norm);
     const int with_norm = layout / 16 % 4 == 0;
     if (with_norm) {
-        z = make_view(f, "z", f->id, B, T, f->HV, f->V, 1, 1);
+        z = make_view(f, "z", f->id, B, T, f->HV, f->V, 1);
         fill_random(f, z.reg, f->id, 1.0);
         norm.norm_weight = (const float *)P(f->normw);
         norm.norm_eps = layout & 0x40 ? 0.0f : 1e-5f;
@@ -1009,7 +989,7 @@ static void do_step(oz *f, int shared, int decode)
     allow(f->ws, 0, f->ws_bytes);
     for (int32_t i = 0; i < B && !f->failed; i++) {
         const int32_t r = sp.r[i], w = sp.w[i];
-        raised |= flags_row(f, r, w) || (f->strict && r >= 0 && r < f->S && w < 0);
+        raised |= flags_row(f, r, w) || (r >= 0 && r < f->S && w < 0);
         const int live = live_row(f, r, w);
         const int known = live && !shared && f->known[r];
         if (known) {
@@ -1188,7 +1168,7 @@ static void commit_with(oz *f, gdn_op_layer *op_in, int legal, int32_t B, int32_
     allow(f->ws, 0, f->ws_bytes);
     for (int32_t i = 0; i < B; i++) {
         const int32_t r = f->pv.r[i], w = f->pv.w[i];
-        raised |= (r >= 0 && flags_row(f, r, w)) || (f->strict && r >= 0 && r < f->S && w < 0);
+        raised |= (r >= 0 && flags_row(f, r, w)) || (r >= 0 && r < f->S && w < 0);
         if (!f->pv.live[i]) continue;
         const int32_t n = accepted[i] < 0 ? 0 : (accepted[i] > T ? T : accepted[i]);
         trace(f, "    row %d: %d -> %d accepts %d (%d)", i, r, w, n, (int)accepted[i]);

@@ -241,16 +241,16 @@ static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot
         } else {
             for (int32_t kh = 0; kh < p->HK; kh++)
                 memcpy(dst + (size_t)kh * p->K * esize,
-                       (const char *)p->k + (size_t)gdn__at(p->k_strides, i, t, kh) * esize, (size_t)p->K * esize);
+                       (const char *)p->k + gdn__at(p->k_strides, i, t, kh) * (int64_t)esize, (size_t)p->K * esize);
             for (int32_t h = 0; h < p->HV; h++)
                 memcpy(dst + (size_t)(qk + (int64_t)h * p->V) * esize,
-                       (const char *)p->v + (size_t)gdn__at(p->v_strides, i, t, h) * esize, (size_t)p->V * esize);
+                       (const char *)p->v + gdn__at(p->v_strides, i, t, h) * (int64_t)esize, (size_t)p->V * esize);
         }
         for (int32_t h = 0; h < p->HV; h++) {
-            memcpy(dst + (size_t)(gates + h) * esize, (const char *)p->a + (size_t)gdn__at(p->a_strides, i, t, h) * esize,
+            memcpy(dst + (size_t)(gates + h) * esize, (const char *)p->a + gdn__at(p->a_strides, i, t, h) * (int64_t)esize,
                    esize);
             memcpy(dst + (size_t)(gates + p->HV + h) * esize,
-                   (const char *)p->b + (size_t)gdn__at(p->b_strides, i, t, h) * esize, esize);
+                   (const char *)p->b + gdn__at(p->b_strides, i, t, h) * (int64_t)esize, esize);
         }
     }
 }
@@ -304,10 +304,10 @@ static void store_ring_inputs(const gdn__layer_params *p, int32_t i, int64_t slo
         else
             for (int32_t kh = 0; kh < p->HK; kh++)
                 memcpy(rec + (size_t)kh * p->K * esize,
-                       (const char *)p->k + (size_t)gdn__at(p->k_strides, i, t, kh) * esize, (size_t)p->K * esize);
+                       (const char *)p->k + gdn__at(p->k_strides, i, t, kh) * (int64_t)esize, (size_t)p->K * esize);
         for (int32_t h = 0; h < p->HV; h++)
             memcpy(rec + record_a_offset(p) + (size_t)h * esize,
-                   (const char *)p->a + (size_t)gdn__at(p->a_strides, i, t, h) * esize, esize);
+                   (const char *)p->a + gdn__at(p->a_strides, i, t, h) * (int64_t)esize, esize);
     }
 }
 
@@ -411,7 +411,8 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
     for (int32_t i = 0; i < p->B; i++) {
         const int64_t r = p->read_slots[i];
         const int64_t w = p->write_slots ? p->write_slots[i] : r;
-        const int out_of_range = r >= p->num_slots || w >= p->num_slots;
+        /* a write slot < 0 under a live read slot has nowhere to go: as out of range */
+        const int out_of_range = r >= p->num_slots || w >= p->num_slots || (r >= 0 && w < 0);
         if (out_of_range && p->error_flag) *p->error_flag = 1;
         const int padding = r < 0 || out_of_range;
         const ring_plan plan = p->ring && !padding ? plan_ring_row(p, r, w) : (ring_plan){0, 0, 0, 0};
@@ -547,7 +548,7 @@ void gdn__ref_commit(const gdn__commit_params *p)
         const int64_t r = p->read_slots[i];
         if (r < 0) continue;
         const int64_t w = p->write_slots ? p->write_slots[i] : r;
-        if (r >= p->num_slots || w >= p->num_slots) {
+        if (r >= p->num_slots || w < 0 || w >= p->num_slots) {
             if (p->error_flag) *p->error_flag = 1;
             continue;
         }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the seeds of tests/fuzz_corpus_op/ (seed-*, open-bug-*): byte strings in the format that
+"""Writes the seeds of tests/fuzz_corpus_op/ (seed-*, and the first three crash-* inputs): byte strings in the format that
 tests/fuzz_op_driver.c decodes (setup(): five header bytes, a scale byte when asked for, three seed
 bytes; then one operation per op byte, each reading its own bytes). Run it from anywhere:
 python3 tests/fuzz_corpus_op/gen_seeds.py. The replay suite skips this file and README files;
@@ -63,14 +63,14 @@ def main():
     # Known library bugs (tests/fuzz_op_driver.c, known_bug[]): the smallest input that shows each.
     # A decode whose only row reads slot 0 and writes slot -1 (cache strategy: the pool at slot -1).
     h = header(strategy=CACHE, slots=4, batch=1, tokens=1)
-    write("open-bug-negative-write-slot", h + [0, 0, 1, 3, 0x55] + dense_views(6) + [1])
+    write("crash-negative-write-slot", h + [0, 0, 1, 3, 0x55] + dense_views(6) + [1])
     # gdn_op_slot_import(op, 0, NULL): documented GDN_EINVAL, resets the slot.
-    write("open-bug-import-null", h + [9, 0, 1, 0, 46, 0])
+    write("crash-import-null", h + [9, 0, 1, 0, 46, 0])
     # Fold: a verify of one row whose k view has a negative head stride (HK 2: head 1 lies before
     # head 0); storing the token wraps the offset through size_t (UBSan: pointer overflow).
     h = header(hk=2, strategy=FOLD, slots=4, batch=1, tokens=1)
     k_reversed = [3, 0, 4, 0]  # make_view: strided (mode 3), no pads, head dimension reversed, lead 0
-    write("open-bug-negative-stride-store", h + [0, 1, 1, decode_row_live(0), 0x55, 0, 0] + k_reversed +
+    write("crash-negative-stride-store", h + [0, 1, 1, decode_row_live(0), 0x55, 0, 0] + k_reversed +
           dense_views(4) + [1, 0])
 
 
