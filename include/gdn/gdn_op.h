@@ -73,7 +73,8 @@ typedef struct gdn_op_layer {
     /* The verify strategy and its memory: CACHE (a verify writes every token's state into the
      * workspace, commit copies the accepted one into the pool), FOLD or RING (gdn.h describes
      * both). The workspace is the strategy's memory for this layer, gdn_op_workspace_bytes() bytes,
-     * zero-filled before first use and then only touched by ops with the same shape fields. */
+     * 16-byte aligned (cudaMalloc and malloc give that), zero-filled before first use and then only
+     * touched by ops with the same shape fields. */
     gdn_verify_strategy strategy;
     void *workspace;
     int32_t max_batch;   /* the workspace's shape: most rows, most tokens, ring length (0: 16) */
@@ -91,8 +92,8 @@ typedef struct gdn_op_layer {
 
 /*
  * Bytes of workspace `op` needs (only backend, model, dtypes, pool.dtype, pool.num_slots, strategy,
- * max_batch, max_tokens and ring_length are read). 0 for an invalid description (gdn_op_layer_step
- * on it says why).
+ * max_batch, max_tokens, ring_length and the mixer's conv width are read: with the conv the stored
+ * tokens hold raw x). 0 for an invalid description (gdn_op_layer_step on it says why).
  */
 GDN_API size_t gdn_op_workspace_bytes(const gdn_op_layer *op);
 
