@@ -188,6 +188,8 @@ gdn__layer_params gdn__op_step_params(const gdn_op_layer *op, const gdn__op_layo
     gdn__layer_params p = base_params(op, layout, op->batch, op->tokens, op->kind == GDN_STEP_VERIFY, op->read_slots);
     p.write_slots = op->write_slots;
     p.overlap_preceding = op->overlap_preceding != 0;
+    p.token_counts = op->token_counts;
+    p.parents = op->parents;
     gdn__layer_params_views(&p, &op->q, &op->k, &op->v, &op->a, &op->b, &op->o);
     if (op->mixer) { /* x: one "head" of conv_dim channels; z as the output */
         p.mixer.x = op->x.data;
@@ -239,6 +241,8 @@ gdn__commit_params gdn__op_commit_params(const gdn__op_stack *s, const int32_t *
         .error_flag = op->error_flag,
         .overlap_preceding = op->overlap_preceding != 0,
         .counts_layer_stride = gdn__op_counts_layer_stride(s),
+        .token_counts = op->token_counts,
+        .parents = op->parents,
     };
     char *ws = op->workspace;
     if (op->strategy == GDN_VERIFY_CACHE) {
@@ -247,8 +251,17 @@ gdn__commit_params gdn__op_commit_params(const gdn__op_stack *s, const int32_t *
         c.cache_row_stride = s->layout.cache_row_stride;
     } else if (op->strategy == GDN_VERIFY_FOLD) {
         c.pending = (int32_t *)(ws + s->layout.counts);
+        c.entries = ws + s->layout.token_store;
+        c.entries_per_slot = op->max_tokens;
     } else {
         c.ring_count = (int32_t *)(ws + s->layout.counts);
+        c.entries = ws + s->layout.ring;
+        c.entries_per_slot = s->layout.ring_capacity;
+    }
+    if (c.entries) { /* a tree's commit moves the accepted path's stored tokens or records */
+        c.entry_slot_bytes = s->layout.side_bytes;
+        c.entry_bytes = s->layout.side_bytes / c.entries_per_slot;
+        c.entries_layer_bytes = s->workspace_layer_bytes;
     }
     if (op->mixer && op->mixer->conv_width > 0 && op->strategy == GDN_VERIFY_CACHE) {
         const gdn_mixer *m = op->mixer;
@@ -444,6 +457,10 @@ static gdn_status check_step(const gdn_op_layer *op, gdn__op_stack *s)
         return GDN_EINVAL;
     if (op->mixer && op->mixer->norm_weight && !op->z.data) return GDN_EINVAL;
     if (op->mixer && op->backend == GDN_BACKEND_CUDA) return GDN_ENOTSUP; /* the CUDA mixer is not built yet */
+    if ((op->token_counts || op->parents) && op->backend == GDN_BACKEND_CUDA)
+        return GDN_ENOTSUP; /* per-row counts and token trees: CPU reference only, so far */
+    if ((op->token_counts || op->parents) && op->mixer)
+        return GDN_ENOTSUP; /* the reference runs the conv along each path, but no test covers it yet */
     return GDN_OK;
 }
 
@@ -485,14 +502,16 @@ gdn_status gdn_op_layer_step(const gdn_op_layer *op, void *stream)
     return run_layer(&s, &p, stream);
 }
 
-gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted, void *stream)
+/* The commit by count (nodes == 0) or by node. */
+static gdn_status commit(const gdn_op_layer *op, const int32_t *accepted, int nodes, void *stream)
 {
     gdn__op_stack s;
     const gdn_status status = check_step(op, &s);
     if (status != GDN_OK) return status;
     if (op->kind != GDN_STEP_VERIFY) return GDN_ESTEP_KIND;
     if (!accepted) return GDN_EINVAL;
-    const gdn__commit_params c = gdn__op_commit_params(&s, accepted);
+    gdn__commit_params c = gdn__op_commit_params(&s, accepted);
+    c.accepted_nodes = nodes;
     if (op->backend == GDN_BACKEND_CPU) {
         gdn__ref_commit(&c);
         return GDN_OK;
@@ -503,6 +522,16 @@ gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted, void *
     (void)stream;
     return GDN_ENODEV;
 #endif
+}
+
+gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted, void *stream)
+{
+    return commit(op, accepted, 0, stream);
+}
+
+gdn_status gdn_op_commit_node(const gdn_op_layer *op, const int32_t *accepted_node, void *stream)
+{
+    return commit(op, accepted_node, 1, stream);
 }
 
 gdn_status gdn_op_flush(const gdn_op_layer *op, const int32_t *slots, int32_t count, void *stream)

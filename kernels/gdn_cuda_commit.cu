@@ -99,6 +99,7 @@ extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream
     if (!p) return GDN_EINVAL;
     if (p->state_dtype != GDN_DTYPE_F32 && p->state_dtype != GDN_DTYPE_BF16) return GDN_ENOTSUP;
     if (p->conv_width > 0) return GDN_ENOTSUP; /* the mixer's window (SPEC 6): CPU reference only, so far */
+    if (p->token_counts || p->parents || p->accepted_nodes) return GDN_ENOTSUP; /* counts, trees (SPEC 3): CPU only, so far */
     if (p->B < 0 || p->B > 65535 || p->num_layers < 0 || p->num_layers > 65535) return GDN_ENOTSUP;
     if (p->T < 1 || p->T > GDN_MAX_TOKENS || p->HV < 1 || p->K < 1 || p->V < 1) return GDN_EINVAL;
     if (p->B == 0 || p->num_layers == 0) return GDN_OK;

@@ -42,6 +42,10 @@
  *   n == 0: nothing changes.  n > 0: for every layer l, state_l[w] = cache_l[i, n - 1] (a plain copy
  *   in state_dtype, so bit-exact with the cache). Fold strategy (pending != NULL): pending_l[w] = n
  *   for every layer instead (n == 0 included).
+ *
+ * Per-row token counts and token trees (SPEC 3): gdn__layer_params.token_counts / .parents and
+ * gdn__commit_params.token_counts / .parents / .accepted_nodes say how each of the above runs per
+ * node and which path a commit takes; all NULL / 0 is exactly the above.
  */
 #ifndef GDN_KERNEL_PARAMS_H
 #define GDN_KERNEL_PARAMS_H
@@ -186,6 +190,19 @@ typedef struct gdn__layer_params {
     int32_t *ring_count;       /* [num_slots] records in each slot's ring (this layer) */
 
     gdn__mixer_params mixer;   /* all zero: the plain recurrence */
+
+    /* Per-row token counts and token trees (SPEC 3), step data like the slots; both NULL: every row
+     * runs its T tokens as a chain, and nothing below is read. Row i runs n = token_counts[i] tokens
+     * (NULL: T); n outside 1..T makes the row padding and sets *error_flag. Tokens t >= n are padding:
+     * zero output, no state effect, no cache entry, stored token or record. With parents != NULL
+     * ([B][T], row i at parents + i * T) token t of row i runs from the state after its parent
+     * p = parents[i * T + t] (-1: the state the row starts from: the slot's, after a fold or the ring's
+     * records) and its output and cache entry t are the state after it; a parent outside -1..t-1 (or a
+     * padding parent) makes the token padding, the bad parent setting *error_flag. A decode whose token
+     * is padding is a padding row. Fold and ring keep the n tokens' inputs at their node positions;
+     * the commit picks the accepted path (gdn__tree_path). */
+    const int32_t *token_counts; /* [B] or NULL */
+    const int32_t *parents;      /* [B][T] or NULL */
 } gdn__layer_params;
 
 /* The step's tensors from views (gdn.h): data and strides (all-zero strides stay zero: dense, resolved
@@ -294,7 +311,47 @@ typedef struct gdn__commit_params {
     const void *x_store;
     int32_t x_store_tokens;
     int64_t x_store_layer_stride; /* elements */
+
+    /* Per-row token counts and token trees (the verify's arrays, gdn__layer_params; all NULL / 0:
+     * today's prefix commit). With accepted_nodes == 0, accepted[i] is a count, clamped to 0..n (n =
+     * token_counts[i], or T), and stands for node count - 1; with accepted_nodes != 0 it is the
+     * accepted node in -1..n-1 (-1: nothing). The accepted path is the node's ancestors and itself,
+     * root first (gdn__tree_path; with parents NULL a chain: 0..node). An n outside 1..T, a node
+     * outside -1..n-1 or a bad parent on the path: the row is skipped and *error_flag set.
+     *   cache: state_l[w] = cache_l[i, node] (conv: the window advances by the path's x in order);
+     *   fold, ring: the path's stored tokens or records are compacted to positions base..base+len-1
+     *     (fold: base 0; ring: base = count_l[w], where the verify left it) in path order, then
+     *     pending_l[w] = len (fold) or count_l[w] += len (ring). Path node j sits at j or later, so
+     *     the copies in path order never overwrite an entry still to be read.
+     * entries: layer 0's stored tokens (fold) or records (ring), slot s's entry j at entries + (s *
+     * entry_slot_bytes + j * entry_bytes) bytes, layer l entries_layer_bytes further on. */
+    const int32_t *token_counts;   /* [B] or NULL */
+    const int32_t *parents;        /* [B][T] or NULL */
+    int32_t accepted_nodes;
+    void *entries;
+    int64_t entry_bytes, entry_slot_bytes, entries_layer_bytes;
+    int32_t entries_per_slot;      /* store_tokens (fold) or ring_capacity (ring) */
 } gdn__commit_params;
+
+/* The path of `node` in row `parents` (T entries; NULL: a chain), root first, into path[0..len):
+ * its length (0 for node -1), or -1 when node is outside -1..n-1 or a parent on the way is outside
+ * -1..t-1. Every step moves to a smaller index, so the walk ends within n steps. Host and device. */
+static inline GDN__HOST_DEVICE int32_t gdn__tree_path(const int32_t *parents, int32_t n, int32_t node, int32_t *path)
+{
+    if (node < -1 || node >= n) return -1;
+    int32_t len = 0;
+    for (int32_t t = node; t >= 0; len++) {
+        const int32_t parent = parents ? parents[t] : t - 1;
+        if (parent < -1 || parent >= t) return -1;
+        path[len] = t;
+        t = parent;
+    }
+    for (int32_t j = 0; j < len / 2; j++) {
+        const int32_t x = path[j];
+        path[j] = path[len - 1 - j], path[len - 1 - j] = x;
+    }
+    return len;
+}
 
 /* Device-side slot operations (one launch for all layers): first, when set_at != NULL,
  * *set_at = set_value; then for each region r and layer l < layers, the bytes at

@@ -88,6 +88,25 @@ typedef struct gdn_op_layer {
      * write_slots, the pool or the workspace. 0: ordinary stream order. gdn.h's launch_overlap says
      * what the preceding kernel does to benefit. */
     int32_t overlap_preceding;
+
+    /* Per-row token counts and token trees (SPEC 3), step data in backend memory like the slots
+     * (both NULL: every row runs its T tokens as a chain, and neither is read; the chain stays the
+     * fast path). Read on the device, so a bad value cannot be refused: it is treated as padding and
+     * sets *error_flag, never read out of bounds.
+     *   token_counts [batch]: row i runs n[i] in 1..T tokens; positions t >= n[i] are padding (zero
+     *     output, no state effect, nothing a commit can pick); a commit clamps accepted[i] to n[i].
+     *     A count outside 1..T makes the row padding.
+     *   parents [batch][T] (row i at parents + i * T): token t of row i runs from the state after
+     *     its parent p in -1..t-1 (-1: the slot's state), its output is read from the state after
+     *     it; a chain is p = t - 1. A parent outside -1..t-1 makes the token (and its descendants)
+     *     padding. Commit such a step with gdn_op_commit_node: the row's state becomes the state
+     *     after the accepted node (its path: the node's ancestors and itself).
+     * Every strategy runs them: CACHE keeps the state after each node, FOLD and RING keep each
+     * node's inputs and their commit moves the accepted path's to the front, in path order, so the
+     * fold or the ring folds only the path (its length, not T). GDN_ENOTSUP, for now: either on
+     * CUDA, or with a mixer (the reference runs the conv along each token's path, not yet tested). */
+    const int32_t *token_counts;
+    const int32_t *parents;
 } gdn_op_layer;
 
 /*
@@ -111,9 +130,21 @@ GDN_API gdn_status gdn_op_layer_step(const gdn_op_layer *op, void *stream);
 
 /*
  * Commits the verify step that `op` describes (the same fields as its gdn_op_layer_step): row i
- * advances by accepted[i] tokens (backend memory [batch], clamped to 0..T). Same errors.
+ * advances by accepted[i] tokens (backend memory [batch], clamped to 0..T, or to 0..n[i] with
+ * token_counts), which stands for node accepted[i] - 1: with parents, the path to that node. Same
+ * errors.
  */
 GDN_API gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted, void *stream);
+
+/*
+ * Commits a token-tree verify step (or any verify step) by accepted node: row i's state becomes the
+ * state after node accepted_node[i] (backend memory [batch], -1..n[i]-1; -1: nothing accepted, the
+ * slot unchanged), that is after the node's path, root first (op->parents; NULL: a chain, where
+ * node j is the count j + 1). A node outside -1..n[i]-1 (or a count or a parent on its path that
+ * the step treated as padding): the row is left unchanged and *error_flag set. Same errors as
+ * gdn_op_commit.
+ */
+GDN_API gdn_status gdn_op_commit_node(const gdn_op_layer *op, const int32_t *accepted_node, void *stream);
 
 /*
  * Pending work and slots (one layer: the op's pool and workspace; the step fields are not read).

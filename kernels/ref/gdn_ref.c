@@ -101,9 +101,10 @@ static void store_to_cache(void *user, int32_t t, const double *S)
 size_t gdn__ref_scratch_bytes(void)
 {
     /* The state, q, k, v, o and (ring) u of up to GDN_MAX_TOKENS tokens, and room for one folded
-     * token's k and v (fold) or one ring record's k^ and u (ring) past them, and one head's z. */
+     * token's k and v (fold) or one ring record's k^ and u (ring) past them, one head's z, and (token
+     * trees) the state the row's own tokens start from. */
     const size_t max_dim = 256;
-    return sizeof(double) * (max_dim * max_dim + 5 * GDN_MAX_TOKENS * max_dim + 3 * max_dim);
+    return sizeof(double) * (2 * max_dim * max_dim + 5 * GDN_MAX_TOKENS * max_dim + 3 * max_dim);
 }
 
 gdn_status gdn__ref_layer_step(const gdn__layer_params *p)
@@ -177,11 +178,58 @@ static void gated_norm(const gdn__mixer_params *m, int32_t V, double *o, const d
 }
 
 /* Scratch of the mixer's row preparation past the base scratch: the window and every token's conv
- * output (folded or recorded ones, then the step's own). */
+ * output (folded or recorded ones, then the step's own), one raw input, and (token trees) a window
+ * and a conv output for the walk along a token's path. */
 size_t gdn__ref_mixer_scratch_bytes(int32_t conv_dim, int32_t conv_width, int32_t tokens)
 {
-    return sizeof(double) * ((size_t)(conv_width > 1 ? conv_width - 1 : 0) * (size_t)conv_dim * 2 +
-                             (size_t)tokens * (size_t)conv_dim + (size_t)conv_dim);
+    return sizeof(double) * ((size_t)(conv_width > 1 ? conv_width - 1 : 0) * (size_t)conv_dim * 3 +
+                             (size_t)tokens * (size_t)conv_dim + 2 * (size_t)conv_dim);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Per-row token counts and token trees (SPEC 3)                                                    */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* A live row's own tokens: how many run, and which of them are live (t < n, every parent on the
+ * path in -1..t-1); with a tree each one's parent. */
+typedef struct row_tokens {
+    int bad;                            /* the row's count is outside 1..T: the row is padding */
+    int32_t n;                          /* tokens run: token_counts[i], or T */
+    int tree;                           /* parents given */
+    int all_live;                       /* every token t < n is live */
+    int32_t parent[GDN_MAX_TOKENS];     /* checked: -1..t-1 where live */
+    unsigned char live[GDN_MAX_TOKENS];
+} row_tokens;
+
+static row_tokens plan_row_tokens(const gdn__layer_params *p, int32_t i)
+{
+    row_tokens rt;
+    memset(&rt, 0, sizeof rt);
+    rt.n = p->T;
+    rt.all_live = 1;
+    if (p->T <= 0) return rt; /* a write-back runs no tokens of its own */
+    if (p->token_counts) {
+        const int32_t n = p->token_counts[i];
+        if (n < 1 || n > p->T) {
+            if (p->error_flag) *p->error_flag = 1;
+            rt.bad = 1, rt.n = 0;
+            return rt;
+        }
+        rt.n = n;
+    }
+    rt.tree = p->parents != NULL;
+    for (int32_t t = 0; t < rt.n && t < GDN_MAX_TOKENS; t++) {
+        const int32_t parent = rt.tree ? p->parents[(int64_t)i * p->T + t] : t - 1;
+        if (parent < -1 || parent >= t) {
+            if (p->error_flag) *p->error_flag = 1;
+            rt.parent[t] = -1, rt.all_live = 0;
+            continue;
+        }
+        rt.parent[t] = parent;
+        rt.live[t] = parent < 0 || rt.live[parent];
+        if (!rt.live[t]) rt.all_live = 0;
+    }
+    return rt;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -227,14 +275,15 @@ static void copy_x(const gdn__layer_params *p, int32_t i, int32_t t, char *dst)
            (size_t)p->mixer.conv_dim * esize);
 }
 
-/* Fold strategy: copies row i's T tokens (k, v, a, b as given; with the conv raw x, a, b) into
- * `slot`'s stored tokens. */
-static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot)
+/* Fold strategy: copies row i's live tokens (k, v, a, b as given; with the conv raw x, a, b) into
+ * `slot`'s stored tokens at their positions. */
+static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot, const row_tokens *rt)
 {
     const size_t esize = gdn_dtype_size(p->input_dtype);
     const int64_t token = stored_token_elems(p), gates = stored_gates_at(p);
     const int64_t qk = (int64_t)p->HK * p->K;
-    for (int32_t t = 0; t < p->T; t++) {
+    for (int32_t t = 0; t < rt->n; t++) {
+        if (!rt->live[t]) continue;
         char *dst = (char *)p->token_store + (size_t)((slot * p->store_tokens + t) * token) * esize;
         if (conv_on(p)) {
             copy_x(p, i, t, dst);
@@ -292,12 +341,13 @@ static void apply_ring_record(const gdn__layer_params *p, int64_t slot, int32_t 
         for (int32_t c = 0; c < p->K; c++) S[(int64_t)row * p->K + c] = g * S[(int64_t)row * p->K + c] + u[row] * k_hat[c];
 }
 
-/* Ring strategy: records base..base+T-1 of `slot` get row i's T tokens' k (with the conv: raw x)
- * and a as given. */
-static void store_ring_inputs(const gdn__layer_params *p, int32_t i, int64_t slot, int32_t base)
+/* Ring strategy: records base..base+n-1 of `slot` get row i's live tokens' k (with the conv: raw x)
+ * and a as given, token t in record base + t. */
+static void store_ring_inputs(const gdn__layer_params *p, int32_t i, int64_t slot, int32_t base, const row_tokens *rt)
 {
     const size_t esize = gdn_dtype_size(p->input_dtype);
-    for (int32_t t = 0; t < p->T; t++) {
+    for (int32_t t = 0; t < rt->n; t++) {
+        if (!rt->live[t]) continue;
         char *rec = ring_record(p, slot, base + t);
         if (conv_on(p))
             copy_x(p, i, t, rec);
@@ -319,29 +369,32 @@ typedef struct ring_plan {
     int keep;      /* the step's tokens become records */
 } ring_plan;
 
-static ring_plan plan_ring_row(const gdn__layer_params *p, int64_t r, int64_t w)
+static ring_plan plan_ring_row(const gdn__layer_params *p, int64_t r, int64_t w, int32_t n)
 {
     ring_plan plan;
     int32_t h = p->ring_count[r];
     plan.h = h < 0 ? 0 : (h > p->ring_capacity ? p->ring_capacity : h);
     if (p->T == 0) plan.flush = plan.h > 0, plan.keep = 0;
     else if (!p->deferred_verify) plan.flush = r != w || plan.h + 1 >= p->ring_length, plan.keep = !plan.flush;
-    else plan.flush = r != w || plan.h + p->T > p->ring_capacity, plan.keep = 1;
+    else plan.flush = r != w || plan.h + n > p->ring_capacity, plan.keep = 1; /* n: the row's tokens */
     plan.base = plan.flush ? 0 : plan.h;
     return plan;
 }
 
 /* The row's conv outputs (conv on): the tokens that reach the state before the step's own (fold:
- * the read slot's pending tokens; ring: its records), then the step's T tokens, each [conv_dim]
- * post-SiLU, in `out`; `win_before_own` receives the window after the first group, `win` after all. */
+ * the read slot's pending tokens; ring: its records), then the step's live tokens, each [conv_dim]
+ * post-SiLU, in `out` (own token t at first + t); `win_before_own` receives the window after the
+ * first group, `win` after the own tokens (a tree: after the last live token's path). With a tree,
+ * token t's conv runs over the window along its own path, walked in `path_win`. */
 typedef struct row_conv {
     double *out;
     double *win, *win_before_own;
+    double *path_win, *discard; /* token trees */
     int32_t first; /* tokens before the step's own */
 } row_conv;
 
 static void prepare_row_conv(const gdn__layer_params *p, const gdn__mixer_params *m, int32_t i, int64_t r,
-                             int32_t first, row_conv *rc)
+                             int32_t first, const row_tokens *rt, row_conv *rc)
 {
     const int32_t C = m->conv_dim;
     const int64_t window_elems = (int64_t)(m->conv_width - 1) * C;
@@ -356,18 +409,73 @@ static void prepare_row_conv(const gdn__layer_params *p, const gdn__mixer_params
         conv_token(m, rc->win, x, rc->out + (int64_t)j * C);
     }
     memcpy(rc->win_before_own, rc->win, sizeof(double) * (size_t)window_elems);
-    for (int32_t t = 0; t < p->T; t++) {
-        load_x(p, i, t, x);
-        conv_token(m, rc->win, x, rc->out + (int64_t)(first + t) * C);
+    if (!rt->tree) {
+        for (int32_t t = 0; t < rt->n; t++) {
+            load_x(p, i, t, x);
+            conv_token(m, rc->win, x, rc->out + (int64_t)(first + t) * C);
+        }
+        return;
+    }
+    rc->path_win = x + C, rc->discard = rc->path_win + window_elems;
+    for (int32_t t = 0; t < rt->n; t++) {
+        if (!rt->live[t]) continue;
+        int32_t path[GDN_MAX_TOKENS];
+        const int32_t len = gdn__tree_path(rt->parent, rt->n, t, path);
+        memcpy(rc->path_win, rc->win_before_own, sizeof(double) * (size_t)window_elems);
+        for (int32_t j = 0; j < len; j++) {
+            load_x(p, i, path[j], x);
+            conv_token(m, rc->path_win, x, j + 1 == len ? rc->out + (int64_t)(first + t) * C : rc->discard);
+        }
+        memcpy(rc->win, rc->path_win, sizeof(double) * (size_t)window_elems);
     }
 }
 
-/* The output of head h for T tokens of row i, through the gated norm when it is on. */
-static void store_outputs(const gdn__layer_params *p, int32_t i, int32_t h, double *o, double *z_scratch)
+/* Runs the row's own tokens for value head h from S (fold, ring: after the slot's pending work):
+ * a chain runs tokens 0..n-1 in order; a tree runs each live token from the state after its parent
+ * (replaying its path from the row's starting state, kept in S0), S ending after the last live one.
+ * Outputs o [n, V], corrections u [n, V] (when not NULL) and cache entries (p->cache) per live token. */
+static void run_own_tokens(const gdn__layer_params *p, const row_tokens *rt, int32_t h, double *S, double *S0,
+                           const double *tq, const double *tk, int64_t qk_stride, const double *tv, int64_t v_stride,
+                           const double *a, const double *b, double *o, double *u, cache_hook_ctx *ctx)
+{
+    const int32_t K = p->K, V = p->V;
+    const gdn__ref_token_hook hook = p->cache ? store_to_cache : NULL;
+    if (!rt->tree) { /* the chain: nothing reads parents */
+        gdn__ref_head_updates(rt->n, K, V, S, tq, tk, qk_stride, tv, v_stride, a, b, p->A_log[h], p->dt_bias[h], p->scale,
+                              p->use_qk_l2norm, o, V, hook, ctx, u);
+        return;
+    }
+    const size_t bytes = sizeof(double) * (size_t)V * K;
+    double discard[256];
+    memcpy(S0, S, bytes);
+    for (int32_t t = 0; t < rt->n; t++) {
+        if (!rt->live[t]) continue;
+        int32_t path[GDN_MAX_TOKENS];
+        const int32_t len = gdn__tree_path(rt->parent, rt->n, t, path);
+        memcpy(S, S0, bytes);
+        for (int32_t m = 0; m < len; m++) {
+            const int32_t j = path[m];
+            const int last = m + 1 == len;
+            gdn__ref_head_updates(1, K, V, S, tq + j * qk_stride, tk + j * qk_stride, qk_stride, tv + j * v_stride, v_stride,
+                                  a + j, b + j, p->A_log[h], p->dt_bias[h], p->scale, p->use_qk_l2norm,
+                                  last ? o + (int64_t)t * V : discard, V, NULL, NULL, last && u ? u + (int64_t)t * V : NULL);
+        }
+        if (hook) hook(ctx, t, S);
+    }
+}
+
+/* The output of head h for T tokens of row i, through the gated norm when it is on; padding tokens
+ * (past n, or not live) output zeros. */
+static void store_outputs(const gdn__layer_params *p, int32_t i, int32_t h, double *o, double *z_scratch,
+                          const row_tokens *rt)
 {
     const int64_t out_row = gdn__at(p->out_strides, i, 0, h), v_token = p->out_strides.token;
     for (int32_t t = 0; t < p->T; t++) {
         double *ot = o + (int64_t)t * p->V;
+        if (t >= rt->n || !rt->live[t]) {
+            for (int32_t c = 0; c < p->V; c++) gdn__store_f32(p->out, p->output_dtype, out_row + (int64_t)t * v_token + c, 0.0f);
+            continue;
+        }
         if (p->mixer.norm_weight) {
             widen(p->mixer.z, p->input_dtype, gdn__at(p->mixer.z_strides, i, t, h), p->V, z_scratch);
             gated_norm(&p->mixer, p->V, ot, z_scratch);
@@ -399,6 +507,7 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
     double *u = o + (int64_t)GDN_MAX_TOKENS * V; /* ring: the tokens' corrections [T, V] */
     double *record_k = u + (int64_t)GDN_MAX_TOKENS * V, *record_u = record_k + 256;
     double *zbuf = record_u + 256; /* the norm's z of one head (room in the base scratch: see its size) */
+    double *S0 = zbuf + 256;       /* token trees: the state the row's own tokens start from */
     double a[GDN_MAX_TOKENS], b[GDN_MAX_TOKENS];
     row_conv rc = {0};
     if (conv) { /* past the base scratch */
@@ -414,14 +523,19 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
         /* a write slot < 0 under a live read slot has nowhere to go: as out of range */
         const int out_of_range = r >= p->num_slots || w >= p->num_slots || (r >= 0 && w < 0);
         if (out_of_range && p->error_flag) *p->error_flag = 1;
-        const int padding = r < 0 || out_of_range;
-        const ring_plan plan = p->ring && !padding ? plan_ring_row(p, r, w) : (ring_plan){0, 0, 0, 0};
+        const int verify = p->cache || p->deferred_verify;
+        row_tokens rt = {.n = T, .all_live = 1};
+        if (r >= 0 && !out_of_range && (p->token_counts || p->parents)) rt = plan_row_tokens(p, i);
+        else memset(rt.live, 1, sizeof rt.live);
+        /* a bad count, or a step that writes its state (a decode) with a padding token: padding row */
+        const int padding = r < 0 || out_of_range || rt.bad || (!verify && !rt.all_live);
+        const ring_plan plan = p->ring && !padding ? plan_ring_row(p, r, w, rt.n) : (ring_plan){0, 0, 0, 0};
         int32_t folded = 0; /* fold: the read slot's pending tokens */
         if (p->token_store && !padding) {
             folded = p->pending[r];
             folded = folded < 0 ? 0 : (folded > p->store_tokens ? p->store_tokens : folded);
         }
-        if (conv && !padding) prepare_row_conv(p, m, i, r, p->ring ? plan.h : folded, &rc);
+        if (conv && !padding) prepare_row_conv(p, m, i, r, p->ring ? plan.h : folded, &rt, &rc);
         for (int32_t h = 0; h < HV; h++) {
             const int64_t out_row = gdn__at(p->out_strides, i, 0, h), v_token = p->out_strides.token;
             if (padding) {
@@ -457,15 +571,15 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
                 const int flush_first = plan.flush && (p->T == 0 || p->deferred_verify);
                 if (flush_first) narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
                 if (T == 0) continue;
-                gdn__ref_head_updates(T, K, V, S, tq, tk, qk_stride, tv, v_stride, a, b, p->A_log[h], p->dt_bias[h],
-                                      p->scale, p->use_qk_l2norm, o, V, NULL, NULL, u);
-                store_outputs(p, i, h, o, zbuf);
+                run_own_tokens(p, &rt, h, S, S0, tq, tk, qk_stride, tv, v_stride, a, b, o, u, NULL);
+                store_outputs(p, i, h, o, zbuf, &rt);
                 if (plan.flush && !flush_first) /* a decode that writes its state back */
                     narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
                 if (plan.keep)
-                    for (int32_t t = 0; t < T; t++)
-                        narrow(ring_record(p, w, plan.base + t) + record_u_offset(p), GDN_DTYPE_F32, (int64_t)h * V, V,
-                               u + (int64_t)t * V);
+                    for (int32_t t = 0; t < rt.n; t++)
+                        if (rt.live[t])
+                            narrow(ring_record(p, w, plan.base + t) + record_u_offset(p), GDN_DTYPE_F32, (int64_t)h * V, V,
+                                   u + (int64_t)t * V);
                 continue;
             }
             if (p->token_store) { /* fold: fold the slot's accepted tokens first (their outputs unused) */
@@ -487,9 +601,8 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
                 if (T == 0) continue;
             }
             cache_hook_ctx ctx = {p, (int64_t)i * p->cache_row_stride + h * state_elems};
-            gdn__ref_head(T, K, V, S, tq, tk, qk_stride, tv, v_stride, a, b, p->A_log[h], p->dt_bias[h], p->scale,
-                          p->use_qk_l2norm, o, V, p->cache ? store_to_cache : NULL, &ctx);
-            store_outputs(p, i, h, o, zbuf);
+            run_own_tokens(p, &rt, h, S, S0, tq, tk, qk_stride, tv, v_stride, a, b, o, NULL, &ctx);
+            store_outputs(p, i, h, o, zbuf, &rt);
             if (!p->cache && !(p->token_store && p->deferred_verify))
                 narrow(p->state, p->state_dtype, w * p->slot_stride + h * state_elems, state_elems, S);
         }
@@ -504,24 +617,25 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
                 keep = rc.win; /* a decode */
             if (keep) store_window(p, m, w, keep);
             if (p->cache && m->x_store) /* a cache verify: the commit advances the window by these */
-                for (int32_t t = 0; t < T; t++)
-                    copy_x(p, i, t, (char *)m->x_store + (size_t)(((int64_t)i * m->x_store_tokens + t) * C) *
+                for (int32_t t = 0; t < rt.n; t++)
+                    if (rt.live[t])
+                        copy_x(p, i, t, (char *)m->x_store + (size_t)(((int64_t)i * m->x_store_tokens + t) * C) *
                                                              gdn_dtype_size(p->input_dtype));
         }
         if (p->token_store) { /* the row's bookkeeping, once every head has folded */
-            if (p->deferred_verify) store_row_tokens(p, i, w);
+            if (p->deferred_verify) store_row_tokens(p, i, w, &rt);
             p->pending[w] = 0;
         }
         if (p->ring) { /* the row's bookkeeping, once every head has read slot r's records */
-            if (plan.keep) store_ring_inputs(p, i, w, plan.base);
+            if (plan.keep) store_ring_inputs(p, i, w, plan.base, &rt);
             p->ring_count[w] = p->deferred_verify ? plan.base : (plan.keep ? plan.h + 1 : 0);
         }
     }
 }
 
 /* Cache strategy with the conv: in every layer, the window of w becomes the last W - 1 rows of
- * [window of r; row i's first n stored x]. */
-static void advance_windows(const gdn__commit_params *p, int32_t i, int64_t r, int64_t w, int32_t n)
+ * [window of r; row i's stored x of the accepted path, path[0..n) (NULL: tokens 0..n-1)]. */
+static void advance_windows(const gdn__commit_params *p, int32_t i, int64_t r, int64_t w, const int32_t *path, int32_t n)
 {
     const int32_t rows = p->conv_width - 1, C = p->conv_dim;
     int64_t token, channel;
@@ -532,12 +646,35 @@ static void advance_windows(const gdn__commit_params *p, int32_t i, int64_t r, i
             float seq[GDN_MAX_TOKENS + 3]; /* [window of r; x_0..x_{n-1}] of channel c */
             for (int32_t j = 0; j < rows; j++)
                 seq[j] = gdn__load_f32(p->conv_state, p->input_dtype, state_at + r * p->conv_slot_stride + j * token + c * channel);
-            for (int32_t t = 0; t < n; t++) seq[rows + t] = gdn__load_f32(p->x_store, p->input_dtype, x_at + (int64_t)t * C + c);
+            for (int32_t t = 0; t < n; t++)
+                seq[rows + t] = gdn__load_f32(p->x_store, p->input_dtype, x_at + (int64_t)(path ? path[t] : t) * C + c);
             for (int32_t j = 0; j < rows; j++)
                 gdn__store_f32(p->conv_state, p->input_dtype, state_at + w * p->conv_slot_stride + j * token + c * channel,
                                seq[n + j]);
         }
     }
+}
+
+/* Fold, ring with a tree: in every layer, slot w's entries base + path[j] move to base + j (base 0
+ * for the fold, the ring's count where the verify left it), in path order: path[j] >= j, so no copy
+ * overwrites an entry still to be read. 0 when a layer's base leaves the path outside the slot's
+ * entries (a corrupted count), before anything moves. */
+static int compact_entries(const gdn__commit_params *p, int64_t w, const int32_t *path, int32_t n)
+{
+    if (n == 0) return 1;
+    for (int32_t l = 0; l < p->num_layers; l++) {
+        const int32_t base = p->ring_count ? p->ring_count[(int64_t)l * p->counts_layer_stride + w] : 0;
+        if (base < 0 || base > p->entries_per_slot - 1 - path[n - 1]) return 0;
+    }
+    for (int32_t l = 0; l < p->num_layers; l++) {
+        const int32_t base = p->ring_count ? p->ring_count[(int64_t)l * p->counts_layer_stride + w] : 0;
+        char *slot = (char *)p->entries + (size_t)(l * p->entries_layer_bytes + w * p->entry_slot_bytes);
+        for (int32_t j = 0; j < n; j++)
+            if (path[j] != j)
+                memcpy(slot + (size_t)((base + j) * p->entry_bytes), slot + (size_t)((base + path[j]) * p->entry_bytes),
+                       (size_t)p->entry_bytes);
+    }
+    return 1;
 }
 
 void gdn__ref_commit(const gdn__commit_params *p)
@@ -552,8 +689,24 @@ void gdn__ref_commit(const gdn__commit_params *p)
             if (p->error_flag) *p->error_flag = 1;
             continue;
         }
-        int32_t n = p->accepted[i];
-        n = n < 0 ? 0 : (n > p->T ? p->T : n);
+        /* The row's token count and its accepted node; the path to it (a chain: 0..node). */
+        int32_t count = p->T;
+        if (p->token_counts) count = p->token_counts[i];
+        int32_t node = p->accepted[i];
+        if (!p->accepted_nodes) node = (node < 0 ? 0 : (node > count ? count : node)) - 1;
+        int32_t path[GDN_MAX_TOKENS];
+        int32_t n = -1; /* the path's length; -1: a bad count, node or parent */
+        if (count >= 1 && count <= p->T && count <= GDN_MAX_TOKENS)
+            n = p->parents ? gdn__tree_path(p->parents + (int64_t)i * p->T, count, node, path)
+                           : (node >= -1 && node < count ? node + 1 : -1);
+        if (n < 0) {
+            if (p->error_flag) *p->error_flag = 1;
+            continue;
+        }
+        if (p->parents && (p->ring_count || p->pending) && !compact_entries(p, w, path, n)) {
+            if (p->error_flag) *p->error_flag = 1;
+            continue;
+        }
         if (p->ring_count) { /* ring: the verify left each count at its records' base */
             for (int32_t l = 0; l < p->num_layers; l++) p->ring_count[(int64_t)l * p->counts_layer_stride + w] += n;
             continue;
@@ -563,12 +716,12 @@ void gdn__ref_commit(const gdn__commit_params *p)
             continue;
         }
         if (n == 0) continue;
-        if (p->conv_width > 0 && p->x_store) advance_windows(p, i, r, w, n);
+        if (p->conv_width > 0 && p->x_store) advance_windows(p, i, r, w, p->parents ? path : NULL, n);
         for (int32_t l = 0; l < p->num_layers; l++) {
             char *dst = (char *)p->state + (size_t)(l * p->state_layer_stride + w * p->slot_stride) * elem;
             const char *src = (const char *)p->cache +
                               (size_t)(l * p->cache_layer_stride + i * p->cache_row_stride +
-                                       (int64_t)(n - 1) * slot_elems) * elem;
+                                       (int64_t)(p->parents ? path[n - 1] : n - 1) * slot_elems) * elem;
             memcpy(dst, src, (size_t)slot_elems * elem);
         }
     }
