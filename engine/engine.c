@@ -64,7 +64,6 @@ struct gdn_engine {
     step_state step;
     void *last_stream;       /* the stream of the engine's last enqueued work (synchronous calls order after it) */
     int enqueued_any;        /* last_stream is set */
-    int launch_overlap;      /* config.launch_overlap, unless GDN_LAUNCH_OVERLAP=0 */
     int after_fetch;         /* the engine's last enqueue or record was the rows' fetch: the next layer
                               * kernel reads the rows it wrote, so it must not start before it ends */
 
@@ -260,7 +259,6 @@ static gdn_status allocate_everything(gdn_engine *e)
         if (!e->clear_list || !e->clear_flag) return GDN_ENOMEM;
     }
     e->use_graphs = e->backend.iface->graph_launch != NULL && c->graph_mode != GDN_GRAPHS_OFF;
-    e->launch_overlap = c->launch_overlap != 0;
     if (e->use_graphs && (status = gdn__graph_cache_init(&e->graphs, c->num_buckets, c->max_tokens)) != GDN_OK)
         return status;
     if ((status = gdn__slots_init(&e->slots, c->num_slots)) != GDN_OK) return status;
@@ -618,17 +616,38 @@ static gdn_status check_slot_layer(const gdn_engine *e, int32_t layer, int32_t s
     return writes || ring(e) ? check_idle_slot(e, slot) : gdn__slots_check_live(&e->slots, slot);
 }
 
-gdn_status gdn_slot_read_state(gdn_engine *e, int32_t layer, int32_t slot, void *host_dst)
+/* The mixer's conv window of `slot` in `layer` (one block of window_bytes). */
+static void *slot_window(const gdn_engine *e, int32_t layer, int32_t slot)
 {
-    if (!e || !host_dst) return GDN_EINVAL;
+    const gdn_mixer *m = &e->mixers[layer];
+    return (char *)m->conv.data + (size_t)((int64_t)slot * m->conv.slot_stride) * gdn_dtype_size(e->config.input_dtype);
+}
+static size_t window_bytes(const gdn_engine *e)
+{
+    return (size_t)(e->config.mixer.conv_width - 1) * (size_t)gdn__conv_dim(&e->config.model) *
+           gdn_dtype_size(e->config.input_dtype);
+}
+
+/* The slot's current state (or, with `window`, its conv window) of one layer into host memory:
+ * under fold and ring both lag by the pending work, which is written back first. */
+static gdn_status read_slot_layer(gdn_engine *e, int32_t layer, int32_t slot, int window, void *host_dst)
+{
     gdn_status status = check_slot_layer(e, layer, slot, 0);
     void *stream = NULL;
     if (status == GDN_OK) status = begin_synchronous(e, &stream);
     if (status != GDN_OK) return status;
-    status = flush_slot_layer(e, slot, layer, stream); /* fold, ring: the pool lags by the pending work */
+    status = flush_slot_layer(e, slot, layer, stream);
     if (status == GDN_OK)
-        status = e->backend.iface->download(e->backend.ctx, host_dst, slot_state(e, layer, slot), slot_state_bytes(e), stream);
+        status = e->backend.iface->download(e->backend.ctx, host_dst,
+                                            window ? slot_window(e, layer, slot) : slot_state(e, layer, slot),
+                                            window ? window_bytes(e) : slot_state_bytes(e), stream);
     return end_synchronous(e, stream, status);
+}
+
+gdn_status gdn_slot_read_state(gdn_engine *e, int32_t layer, int32_t slot, void *host_dst)
+{
+    if (!e || !host_dst) return GDN_EINVAL;
+    return read_slot_layer(e, layer, slot, 0, host_dst);
 }
 
 gdn_status gdn_slot_write_state(gdn_engine *e, int32_t layer, int32_t slot, const void *host_src)
@@ -658,29 +677,10 @@ gdn_status gdn_engine_state_pool(gdn_engine *e, int32_t layer, gdn_state_pool *p
     return GDN_OK;
 }
 
-/* The mixer's conv window of `slot` in `layer` (one block of window_bytes). */
-static void *slot_window(const gdn_engine *e, int32_t layer, int32_t slot)
-{
-    const gdn_mixer *m = &e->mixers[layer];
-    return (char *)m->conv.data + (size_t)((int64_t)slot * m->conv.slot_stride) * gdn_dtype_size(e->config.input_dtype);
-}
-static size_t window_bytes(const gdn_engine *e)
-{
-    return (size_t)(e->config.mixer.conv_width - 1) * (size_t)gdn__conv_dim(&e->config.model) *
-           gdn_dtype_size(e->config.input_dtype);
-}
-
 gdn_status gdn_slot_read_conv_state(gdn_engine *e, int32_t layer, int32_t slot, void *host_dst)
 {
     if (!e || !host_dst || !has_conv(e)) return GDN_EINVAL;
-    gdn_status status = check_slot_layer(e, layer, slot, 0);
-    void *stream = NULL;
-    if (status == GDN_OK) status = begin_synchronous(e, &stream);
-    if (status != GDN_OK) return status;
-    status = flush_slot_layer(e, slot, layer, stream); /* fold, ring: the window lags by the pending work */
-    if (status == GDN_OK)
-        status = e->backend.iface->download(e->backend.ctx, host_dst, slot_window(e, layer, slot), window_bytes(e), stream);
-    return end_synchronous(e, stream, status);
+    return read_slot_layer(e, layer, slot, 1, host_dst);
 }
 
 gdn_status gdn_slot_write_conv_state(gdn_engine *e, int32_t layer, int32_t slot, const void *host_src)
@@ -826,7 +826,7 @@ static gdn_op_layer layer_op(const gdn_engine *e, int32_t layer)
 static gdn__layer_params layer_params(gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens, int32_t bucket)
 {
     gdn_op_layer op = layer_op(e, layer);
-    op.overlap_preceding = e->launch_overlap && !e->after_fetch;
+    op.overlap_preceding = e->config.launch_overlap && !e->after_fetch;
     e->after_fetch = 0;
     const gdn_layer_views *v = &e->views[layer];
     op.kind = kind;
@@ -846,7 +846,7 @@ static gdn__commit_params commit_params(const gdn_engine *e, int32_t tokens, int
     s.op.tokens = tokens;
     s.op.batch = bucket;
     s.op.write_slots = write_slots_buffer(e, bucket);
-    s.op.overlap_preceding = e->launch_overlap; /* the commit waits before any access */
+    s.op.overlap_preceding = e->config.launch_overlap; /* the commit waits before any access */
     return gdn__op_commit_params(&s, accepted_buffer(e));
 }
 
@@ -857,7 +857,7 @@ static gdn_status fetch_staged_rows(gdn_engine *e, void *stream)
     e->after_fetch = 1;
     return e->backend.iface->fetch_rows(e->backend.ctx, read_slots_buffer(e), keeps_tokens(e) ? slot_count(e, 0, 0) : NULL,
                                         e->config.model.num_layers, gdn__op_counts_layer_stride(&e->stack),
-                                        e->launch_overlap, stream);
+                                        e->config.launch_overlap, stream);
 }
 
 /* The staged rows (and clears) went to the device with the work just launched. */

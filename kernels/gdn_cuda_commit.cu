@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(GDN__COMMIT_THREADS) commit_kernel(const gdn__
     const int64_t r = p.read_slots[i];
     if (r < 0) return;
     const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
-    if (r >= p.num_slots || w < 0 || w >= p.num_slots) {
+    if (gdn__row_slots_invalid(r, w, p.num_slots)) {
         if (p.error_flag && blockIdx.x == 0 && l == 0 && threadIdx.x == 0) *p.error_flag = 1;
         return;
     }
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(128) commit_pending_kernel(const gdn__commit_p
     const int64_t r = p.read_slots[i];
     if (r < 0) return;
     const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
-    if (r >= p.num_slots || w < 0 || w >= p.num_slots) {
+    if (gdn__row_slots_invalid(r, w, p.num_slots)) {
         if (p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
         return;
     }

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD>()))
 
     const int64_t r = p.read_slots[i];
     const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
-    const bool out_of_range = r >= p.num_slots || w >= p.num_slots || (r >= 0 && w < 0); /* (w < 0: nowhere to write) */
+    const bool out_of_range = gdn__row_slots_invalid(r, w, p.num_slots);
     O *out = static_cast<O *>(p.out);
     const int64_t out_token_stride = p.out_strides.token;
     const int64_t out_base = gdn__at(p.out_strides, i, 0, h); /* (i, t = 0, h, row 0) */

@@ -124,6 +124,14 @@ static inline GDN__HOST_DEVICE void gdn__conv_window_strides(int64_t token, int6
     *channel_out = dense ? 1 : channel;
 }
 
+/* A row whose slots cannot be used, treated as padding with the error flag raised: a read or write
+ * slot >= num_slots, or a live read slot (>= 0) with a write slot < 0 (nowhere to write). The one
+ * test of the reference, the layer, ring and commit kernels. */
+static inline GDN__HOST_DEVICE int gdn__row_slots_invalid(int64_t r, int64_t w, int64_t num_slots)
+{
+    return r >= num_slots || w >= num_slots || (r >= 0 && w < 0);
+}
+
 static inline GDN__HOST_DEVICE int gdn__mixer_on(const gdn__mixer_params *m)
 {
     return m->conv_width > 0 || m->norm_weight != NULL;

@@ -520,8 +520,7 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
     for (int32_t i = 0; i < p->B; i++) {
         const int64_t r = p->read_slots[i];
         const int64_t w = p->write_slots ? p->write_slots[i] : r;
-        /* a write slot < 0 under a live read slot has nowhere to go: as out of range */
-        const int out_of_range = r >= p->num_slots || w >= p->num_slots || (r >= 0 && w < 0);
+        const int out_of_range = gdn__row_slots_invalid(r, w, p->num_slots);
         if (out_of_range && p->error_flag) *p->error_flag = 1;
         const int verify = p->cache || p->deferred_verify;
         row_tokens rt = {.n = T, .all_live = 1};
@@ -685,7 +684,7 @@ void gdn__ref_commit(const gdn__commit_params *p)
         const int64_t r = p->read_slots[i];
         if (r < 0) continue;
         const int64_t w = p->write_slots ? p->write_slots[i] : r;
-        if (r >= p->num_slots || w < 0 || w >= p->num_slots) {
+        if (gdn__row_slots_invalid(r, w, p->num_slots)) {
             if (p->error_flag) *p->error_flag = 1;
             continue;
         }
