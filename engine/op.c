@@ -88,6 +88,14 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
         l.flush_row = at;
         at = align256(at + (int64_t)sizeof(int32_t));
     }
+    if (op->backend == GDN_BACKEND_CUDA && op->mixer && (conv || op->mixer->norm_weight)) {
+        l.mixer_arrivals = at; /* the fused kernel's counts (kernels/gdn_kernel_params.h) */
+        at = align256(at + (int64_t)op->max_batch * (HK + HV) * (int64_t)sizeof(uint32_t));
+        if (op->mixer->norm_weight) {
+            l.norm_scratch = at;
+            at = align256(at + (int64_t)op->max_batch * op->max_tokens * HV * V * (int64_t)sizeof(float));
+        }
+    }
     if (with_scratch && op->backend == GDN_BACKEND_CPU) {
         l.scratch = at;
         at += (int64_t)gdn__ref_scratch_bytes();
@@ -163,6 +171,8 @@ static gdn__layer_params base_params(const gdn_op_layer *op, const gdn__op_layou
             p.mixer.x_store = ws + layout->x_store, p.mixer.x_store_tokens = op->max_tokens;
         p.mixer.norm_weight = m->norm_weight;
         p.mixer.norm_eps = m->norm_eps;
+        if (layout->mixer_arrivals) p.mixer.arrivals = (uint32_t *)(ws + layout->mixer_arrivals);
+        if (layout->norm_scratch) p.mixer.norm_scratch = (float *)(ws + layout->norm_scratch);
     }
     if (op->strategy == GDN_VERIFY_CACHE) {
         if (verify) p.cache = ws + layout->cache, p.cache_row_stride = layout->cache_row_stride;
@@ -456,7 +466,8 @@ static gdn_status check_step(const gdn_op_layer *op, gdn__op_stack *s)
         !op->o.data || !op->A_log || !op->dt_bias || !op->read_slots)
         return GDN_EINVAL;
     if (op->mixer && op->mixer->norm_weight && !op->z.data) return GDN_EINVAL;
-    if (op->mixer && op->backend == GDN_BACKEND_CUDA) return GDN_ENOTSUP; /* the CUDA mixer is not built yet */
+    if (op->mixer && op->backend == GDN_BACKEND_CUDA && (op->strategy == GDN_VERIFY_RING || op->model.head_dim_k != 128))
+        return GDN_ENOTSUP; /* the fused CUDA kernel: cache and fold strategies, K = 128 */
     if ((op->token_counts || op->parents) && op->backend == GDN_BACKEND_CUDA)
         return GDN_ENOTSUP; /* per-row counts and token trees: CPU reference only, so far */
     if ((op->token_counts || op->parents) && op->mixer)

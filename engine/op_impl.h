@@ -24,6 +24,8 @@ typedef struct gdn__op_layout {
     int64_t arrivals;         /* FOLD, RING: uint32 [max_batch], zero between steps */
     int64_t flush_row;        /* FOLD, RING: int32, the row of a single-slot write-back */
     int64_t side_bytes;       /* FOLD, RING: one slot's stored tokens or records */
+    int64_t mixer_arrivals;   /* CUDA with a mixer: uint32 [max_batch][HK + HV], zero between steps */
+    int64_t norm_scratch;     /* CUDA with the mixer's norm: fp32 [max_batch][max_tokens][HV][V] */
     int64_t scratch;          /* CPU ops: the reference's scratch (0 bytes when left out) */
     int64_t bytes;
 } gdn__op_layout;

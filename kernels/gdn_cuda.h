@@ -21,6 +21,10 @@ gdn_status gdn__cuda_ring_step(const gdn__layer_params *p, void *stream);
 /* GDN_OK when an instance runs p's (K, state, input, output) combination, else GDN_ENOTSUP. */
 gdn_status gdn__cuda_ring_step_supported(const gdn__layer_params *p);
 
+/* The mixer's instances of the layer step (kernels/gdn_cuda_mixer.cu), after gdn__cuda_layer_step's
+ * checks; run == 0: only whether an instance exists (GDN_OK) or not (GDN_ENOTSUP). */
+gdn_status gdn__cuda_mixer_step(const gdn__layer_params *p, void *stream, int run);
+
 /* Commit of a verify step for all layers in one launch. */
 gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream);
 

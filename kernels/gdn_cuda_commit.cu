@@ -13,12 +13,17 @@
  * pending_l[w] = n for every layer (one thread per (row, layer)); the next kernel that touches the
  * slot folds the tokens. Ring strategy (p->ring_count != NULL): ring_count_l[w] += n for every layer
  * (the verify left the count at its records' base).
+ *
+ * The mixer's conv under the cache strategy (conv_width > 0): a second kernel moves each committed
+ * row's window in every layer, one thread a channel: the last W - 1 of [window of r; the verify's
+ * stored x of tokens 0..n-1], copied as 2-byte values (bit-exact).
  */
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
 
 #define GDN__COMMIT_THREADS 256
 #define GDN__COMMIT_VECS 4 /* vectors per thread */
+#define GDN__MAX_WINDOW_ROWS 3 /* W - 1 for the widest conv */
 
 /* Copies `count` units of type U per (layer, row); U is int4 (16 bytes), unsigned or unsigned short. */
 template <typename U>
@@ -94,11 +99,59 @@ __global__ void __launch_bounds__(128) commit_pending_kernel(const gdn__commit_p
         for (int64_t l = threadIdx.x; l < p.num_layers; l += blockDim.x) p.pending[l * p.counts_layer_stride + w] = n;
 }
 
+#define GDN__WINDOW_THREADS 128
+
+__global__ void __launch_bounds__(GDN__WINDOW_THREADS) commit_windows_kernel(const gdn__commit_params p)
+{
+    if (p.overlap_preceding) gdn__wait_preceding();
+    gdn__allow_dependents();
+    const int64_t i = blockIdx.y, l = blockIdx.z;
+    const int64_t r = p.read_slots[i];
+    if (r < 0) return;
+    const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
+    if (gdn__row_slots_invalid(r, w, p.num_slots)) return; /* flagged by the state's commit */
+    int n = p.accepted[i];
+    n = n < 0 ? 0 : (n > p.T ? p.T : n);
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n == 0 || c >= p.conv_dim) return;
+    const int rows = p.conv_width - 1;
+    unsigned short *state = static_cast<unsigned short *>(p.conv_state) + l * p.conv_layer_stride + c * p.conv_channel_stride;
+    const unsigned short *x = static_cast<const unsigned short *>(p.x_store) + l * p.x_store_layer_stride +
+                              i * p.x_store_tokens * (int64_t)p.conv_dim + c;
+    unsigned short seq[GDN__MAX_WINDOW_ROWS];
+    /* position rows + t of [window; x] is x token t; the last `rows` positions start at n */
+#pragma unroll
+    for (int j = 0; j < GDN__MAX_WINDOW_ROWS; j++) {
+        if (j >= rows) break;
+        const int at = n + j;
+        seq[j] = at < rows ? state[r * p.conv_slot_stride + at * p.conv_token_stride] : x[(int64_t)(at - rows) * p.conv_dim];
+    }
+#pragma unroll
+    for (int j = 0; j < GDN__MAX_WINDOW_ROWS; j++) {
+        if (j >= rows) break;
+        state[w * p.conv_slot_stride + j * p.conv_token_stride] = seq[j];
+    }
+}
+
+static gdn_status commit_windows(const gdn__commit_params *in, cudaStream_t stream)
+{
+    gdn__commit_params p = *in;
+    gdn__conv_window_strides(in->conv_token_stride, in->conv_channel_stride, in->conv_dim, &p.conv_token_stride,
+                             &p.conv_channel_stride);
+    const dim3 grid((unsigned)((p.conv_dim + GDN__WINDOW_THREADS - 1) / GDN__WINDOW_THREADS), (unsigned)p.B,
+                    (unsigned)p.num_layers);
+    GDN__CUDA_TRY(gdn__launch(commit_windows_kernel, grid, dim3(GDN__WINDOW_THREADS), 0, stream, p.overlap_preceding != 0, p));
+    GDN__CUDA_TRY(gdn__cuda_launch_error());
+    return GDN_OK;
+}
+
 extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream)
 {
     if (!p) return GDN_EINVAL;
     if (p->state_dtype != GDN_DTYPE_F32 && p->state_dtype != GDN_DTYPE_BF16) return GDN_ENOTSUP;
-    if (p->conv_width > 0) return GDN_ENOTSUP; /* the mixer's window (SPEC 6): CPU reference only, so far */
+    const bool windows = p->conv_width > 0 && !p->pending && !p->ring_count; /* fold: the next kernel moves them */
+    if (windows && (p->conv_width < 2 || p->conv_width > GDN__MAX_WINDOW_ROWS + 1)) return GDN_ENOTSUP;
+    if (windows && (!p->conv_state || !p->x_store || p->conv_dim < 1)) return GDN_EINVAL;
     if (p->token_counts || p->parents || p->accepted_nodes) return GDN_ENOTSUP; /* counts, trees (SPEC 3): CPU only, so far */
     if (p->B < 0 || p->B > 65535 || p->num_layers < 0 || p->num_layers > 65535) return GDN_ENOTSUP;
     if (p->T < 1 || p->T > GDN_MAX_TOKENS || p->HV < 1 || p->K < 1 || p->V < 1) return GDN_EINVAL;
@@ -119,7 +172,8 @@ extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream
     const bool v16 = gdn__aligned(p->state, 16) && gdn__aligned(p->cache, 16) && slot_bytes % 16 == 0 &&
                      (p->state_layer_stride * elem) % 16 == 0 && (p->slot_stride * elem) % 16 == 0 &&
                      (p->cache_layer_stride * elem) % 16 == 0 && (p->cache_row_stride * elem) % 16 == 0;
-    if (v16) return launch<int4>(p, slot_bytes, s);
-    if (elem == 4) return launch<unsigned>(p, slot_bytes, s);
-    return launch<unsigned short>(p, slot_bytes, s);
+    const gdn_status copied = v16 ? launch<int4>(p, slot_bytes, s)
+                              : elem == 4 ? launch<unsigned>(p, slot_bytes, s)
+                                          : launch<unsigned short>(p, slot_bytes, s);
+    return copied == GDN_OK && windows ? commit_windows(p, s) : copied;
 }

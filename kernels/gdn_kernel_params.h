@@ -113,6 +113,12 @@ typedef struct gdn__mixer_params {
     gdn__strides z_strides;
     const float *norm_weight;    /* [V]; NULL: no norm */
     float norm_eps;
+    /* CUDA only (the reference needs neither): uint32 [B][HK + HV], zero between launches and left
+     * zero, the fused kernel's arrival counts, key-head groups' (the last CTA to have read a key
+     * head's window channels moves them) then value heads' (the last CTA of a head normalises it);
+     * and, with the norm, fp32 [B][T][HV][V], o before the norm. */
+    uint32_t *arrivals;
+    float *norm_scratch;
 } gdn__mixer_params;
 
 /* A conv pool's window strides with "both 0" resolved to dense [W - 1][conv_dim]. */

@@ -52,6 +52,7 @@ if want tests; then
     sanitize memcheck test_gpu_engine "" '!(gpu_engine/a_failed_launch*)'
     sanitize memcheck test_gpu_fold ""
     sanitize memcheck test_gpu_op ""
+    sanitize memcheck test_gpu_mixer ""
 fi
 if want racecheck; then
     sanitize racecheck test_gpu_kernels qwen3_5 'gpu_kernels/qwen3_5*'
@@ -62,6 +63,7 @@ if want racecheck; then
     done
     sanitize racecheck test_gpu_fold ring_directed "gpu_fold/ring_[afnrw]*"
     sanitize racecheck test_gpu_op ""
+    sanitize racecheck test_gpu_mixer ""
 fi
 if want checks; then # uninitialised device reads; barrier misuse
     for tool in initcheck synccheck; do
@@ -69,6 +71,7 @@ if want checks; then # uninitialised device reads; barrier misuse
         sanitize $tool test_gpu_engine "" '!(gpu_engine/a_failed_launch*)'
         sanitize $tool test_gpu_fold "" ""
         sanitize $tool test_gpu_op "" ""
+        sanitize $tool test_gpu_mixer "" ""
     done
 fi
 wait

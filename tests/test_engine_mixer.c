@@ -919,11 +919,11 @@ Test(engine_mixer, refused_configurations)
     cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
 }
 
-/* The CUDA backend refuses a mixer at creation (GDN_ENOTSUP until its kernel lands); a build or a
- * machine without a GPU says GDN_ENODEV first. */
-Test(engine_mixer, cuda_refuses_the_mixer)
+/* The CUDA backend refuses at creation what its fused mixer kernel does not run (the ring strategy,
+ * GDN_ENOTSUP); a build or a machine without a GPU says GDN_ENODEV first. */
+Test(engine_mixer, cuda_refuses_the_mixer_with_the_ring)
 {
-    const em_cfg cfg = {CFG(GDN_VERIFY_CACHE, 1601)};
+    const em_cfg cfg = {CFG(GDN_VERIFY_RING, 1601)};
     gdn_engine_config c = em_config(&cfg);
     c.backend = GDN_BACKEND_CUDA;
     gdn_engine *e = NULL;

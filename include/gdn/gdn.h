@@ -240,8 +240,10 @@ typedef struct gdn_conv_pool {
  * layer, in input_dtype, and follows the state: padding rows touch neither, a decode advances both,
  * a verify neither until its commit, which advances both by accepted[i] (every strategy); slot
  * reset zeroes both, slot copy carries both; gdn_slot_read_conv_state and the conv import / export
- * move a window. The CPU backend runs it; the CUDA backend refuses an engine with a mixer
- * (GDN_ENOTSUP from gdn_engine_create) until its fused kernel lands.
+ * move a window. Both backends run it; on CUDA one fused kernel per layer runs conv, recurrence and
+ * norm, for the cache and fold strategies with head_dim_k 128 (the ring strategy or another head
+ * size with a mixer: GDN_ENOTSUP from gdn_engine_create), x 16-byte aligned with row and token
+ * strides multiples of 8 elements.
  */
 typedef struct gdn_mixer_config {
     int32_t conv_width;          /* W in 2..4: the conv; 0: no conv (q, k, v are the step's inputs) */

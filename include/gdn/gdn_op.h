@@ -85,7 +85,7 @@ typedef struct gdn_op_layer {
      * programmatic dependent launch: the kernel loads its rows' state before the kernel preceding it
      * on the stream has finished and waits for it only before reading q, k, v, a, b, so that kernel
      * (and any still running when it allows its dependents to launch) must not write read_slots,
-     * write_slots, the pool or the workspace. 0: ordinary stream order. gdn.h's launch_overlap says
+     * write_slots, the pool, the workspace or the mixer's conv pool. 0: ordinary stream order. gdn.h's launch_overlap says
      * what the preceding kernel does to benefit. */
     int32_t overlap_preceding;
 
@@ -111,8 +111,9 @@ typedef struct gdn_op_layer {
 
 /*
  * Bytes of workspace `op` needs (only backend, model, dtypes, pool.dtype, pool.num_slots, strategy,
- * max_batch, max_tokens, ring_length and the mixer's conv width are read: with the conv the stored
- * tokens hold raw x). 0 for an invalid description (gdn_op_layer_step on it says why).
+ * max_batch, max_tokens, ring_length and the mixer's conv width and norm weight (NULL or not) are
+ * read: with the conv the stored tokens hold raw x; on CUDA the fused mixer keeps its counts and the
+ * norm's o there). 0 for an invalid description (gdn_op_layer_step on it says why).
  */
 GDN_API size_t gdn_op_workspace_bytes(const gdn_op_layer *op);
 
@@ -121,8 +122,8 @@ GDN_API size_t gdn_op_workspace_bytes(const gdn_op_layer *op);
  * the workspace; FOLD and RING as in gdn.h. Returns, changing nothing: GDN_EINVAL (NULL op or a
  * required pointer, AUTO backend, AUTO strategy, a model or dtype outside gdn.h's ranges),
  * GDN_ESTEP_KIND, GDN_ESTEP_TOKENS (decode with T != 1, verify outside 1..max_tokens),
- * GDN_ESTEP_BATCH (batch < 0 or > max_batch), GDN_ENOTSUP (alignment on CUDA; a mixer on CUDA, not
- * built yet), GDN_ENODEV (CUDA in a build without it); GDN_ECUDA when the launch fails. A mixer:
+ * GDN_ESTEP_BATCH (batch < 0 or > max_batch), GDN_ENOTSUP (alignment on CUDA; a mixer on CUDA
+ * with the RING strategy or head_dim_k other than 128), GDN_ENODEV (CUDA in a build without it); GDN_ECUDA when the launch fails. A mixer:
  * GDN_EINVAL for a conv width outside 2..4 (0: none), a NULL conv weight, conv pool, x (with the
  * conv) or z (with the norm), or a window that is not one contiguous block per slot.
  */

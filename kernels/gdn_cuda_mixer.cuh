@@ -1,0 +1,255 @@
+/*
+ * The whole mixer step (SPEC 6) inside the layer-step kernel (gdn_cuda_layer_kernel.cuh, MIXER
+ * instances): the causal conv of a CTA's channels, the moves of the conv window and the gated RMSNorm.
+ *
+ * A CTA reads the conv inputs of its channels only: q and k of its key head kh (2 K channels) and v
+ * of its rows. It copies them raw into shared memory as a sequence, [window of slot r (W - 1 rows);
+ * stored tokens (fold); own tokens], runs the conv once per channel over that sequence (fp32, SiLU)
+ * into the prepared-token rows that the recurrence reads, and normalises k and q per token as the
+ * plain path does. What it writes back it writes from the same raw copy:
+ *   - v channels of its rows: read by no other CTA, so the CTA moves their window (and stores their
+ *     x) as soon as its copy is complete;
+ *   - q and k channels of kh: read by every CTA of kh's value heads, so the last of them to arrive
+ *     (a count per row and key head) moves their window (and stores their x);
+ *   - the norm needs a whole head's o: each CTA leaves its rows' o in fp32 scratch and the last CTA
+ *     of the head (a count per row and value head) normalises the head.
+ * The counts live in gdn__mixer_params.arrivals and are left at zero by the CTA that completes them.
+ */
+#ifndef GDN_CUDA_MIXER_CUH
+#define GDN_CUDA_MIXER_CUH
+
+#include "cuda_common.cuh"
+#include "gdn_cuda_prepare.cuh"
+
+/* The largest conv width: a channel's taps sit in registers. */
+#define GDN__MAX_CONV_WIDTH 4
+
+/* A CTA's conv channels: local channel c < K is q[c] of key head kh, K <= c < 2 K is k[c - K], and
+ * 2 K <= c < 2 K + rows is v of the CTA's row c - 2 K. A raw row (one position of the sequence)
+ * holds them padded to 8 elements, so that every row starts 16-byte aligned. */
+struct mixer_channels {
+    int K, rows, width, pitch;
+    int64_t q0, k0, v0; /* the global channel of each segment's first local channel */
+
+    __device__ mixer_channels(const gdn__layer_params &p, int kh, int h, int tile_row0, int cta_rows)
+    {
+        K = p.K;
+        rows = cta_rows;
+        width = 2 * K + rows;
+        pitch = (width + 7) / 8 * 8;
+        q0 = (int64_t)kh * K;
+        k0 = (int64_t)p.HK * K + q0;
+        v0 = 2 * (int64_t)p.HK * K + (int64_t)h * p.V + tile_row0;
+    }
+    __device__ __forceinline__ int64_t global(int c) const { return c < K ? q0 + c : c < 2 * K ? k0 + (c - K) : v0 + (c - 2 * K); }
+    static __host__ __device__ size_t bytes(int K, int rows, int conv_width, int capacity, size_t elem)
+    {
+        return (size_t)(conv_width - 1 + capacity) * (size_t)((2 * K + rows + 7) / 8 * 8) * elem;
+    }
+};
+
+/* Where a position of the row's logical sequence [window; folded tokens; own tokens] lies in the raw
+ * copy, which holds every stored token (folded or not) before the own ones. */
+struct mixer_sequence {
+    int window_rows, folds, own0;
+    __device__ __forceinline__ int physical(int logical) const
+    {
+        return logical < window_rows + folds ? logical : logical + (own0 - folds);
+    }
+};
+
+/* The window of slot r, every channel of the CTA, into raw rows 0..W-2 (plain loads: the pool's
+ * strides are the caller's; a few values per thread). */
+template <typename I>
+__device__ __forceinline__ void stage_window(const gdn__layer_params &p, const mixer_channels &mc, I *raw, int64_t r)
+{
+    const gdn__mixer_params &m = p.mixer;
+    const I *win = static_cast<const I *>(m.conv_state) + r * m.conv_slot_stride;
+    const int n = (m.conv_width - 1) * mc.width;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const int j = e / mc.width, c = e - j * mc.width;
+        raw[j * mc.pitch + c] = win[j * m.conv_token_stride + mc.global(c) * m.conv_channel_stride];
+    }
+}
+
+/* One position's conv inputs (src: its channel 0, 16-byte aligned) into a raw row, by one warp with
+ * cp.async: q and k in 16-byte pieces, v in 4-byte pairs (one row: a plain copy). */
+template <int K, typename I>
+__device__ __forceinline__ void stage_conv_row(const mixer_channels &mc, I *raw_row, const I *src, int lane)
+{
+    constexpr int PIECES = K * (int)sizeof(I) / 16;
+    for (int c = lane; c < 2 * PIECES; c += 32) {
+        const int seg = c / PIECES, piece = c - seg * PIECES;
+        gdn__copy_async16(raw_row + seg * K + piece * 8, src + (seg ? mc.k0 : mc.q0) + piece * 8);
+    }
+    I *rv = raw_row + 2 * K;
+    const I *sv = src + mc.v0;
+    for (int c = lane; c < mc.rows / 2; c += 32) gdn__copy_async4(rv + c * 2, sv + c * 2);
+    if (mc.rows == 1 && lane == 0) rv[0] = sv[0];
+}
+
+template <typename W> __device__ __forceinline__ float conv_param(const void *base, gdn_dtype dtype, int64_t at)
+{
+    return dtype == GDN_DTYPE_F32 ? static_cast<const float *>(base)[at]
+                                  : gdn__to_f32(static_cast<const __nv_bfloat16 *>(base)[at]);
+}
+
+/* The conv over the raw sequence, every channel of the CTA by one thread: SiLU(bias + sum_j w[c, j]
+ * seq[P - W + 1 + j][c]) for the folded tokens (k and v channels; their q is not used) and the own
+ * tokens, into the prepared rows (k^ and q^ before their norms, v final). The caller syncs. */
+template <typename I>
+__device__ __forceinline__ void conv_pass(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
+                                          const mixer_sequence &seq, int T, shared_tokens &s)
+{
+    const gdn__mixer_params &m = p.mixer;
+    const int W = m.conv_width, K = mc.K;
+    for (int c = threadIdx.x; c < mc.width; c += blockDim.x) {
+        const int64_t ch = mc.global(c);
+        float w[GDN__MAX_CONV_WIDTH];
+#pragma unroll
+        for (int j = 0; j < GDN__MAX_CONV_WIDTH; j++) w[j] = j < W ? conv_param<void>(m.conv_weight, m.conv_weight_dtype, ch * W + j) : 0.0f;
+        const float bias = m.conv_bias ? conv_param<void>(m.conv_bias, m.conv_weight_dtype, ch) : 0.0f;
+        const auto conv_at = [&](int logical) { /* the conv output of the token at this logical position */
+            float acc = bias;
+#pragma unroll
+            for (int j = 0; j < GDN__MAX_CONV_WIDTH; j++)
+                if (j < W) acc = fmaf(w[j], gdn__to_f32(raw[seq.physical(logical - W + 1 + j) * mc.pitch + c]), acc);
+            return acc / (1.0f + expf(-acc));
+        };
+        for (int j = c < K ? seq.folds : 0; j < seq.folds; j++) { /* folded tokens: k and v */
+            const float y = conv_at(seq.window_rows + j);
+            if (c < 2 * K) s.khat[(size_t)j * K + (c - K)] = y;
+            else s.v[(size_t)j * mc.rows + (c - 2 * K)] = y;
+        }
+        for (int t = 0; t < T; t++) {
+            const float y = conv_at(seq.window_rows + seq.folds + t);
+            const int j = seq.own0 + t;
+            if (c < K) s.qhat[(size_t)t * K + c] = y;
+            else if (c < 2 * K) s.khat[(size_t)j * K + (c - K)] = y;
+            else s.v[(size_t)j * mc.rows + (c - 2 * K)] = y;
+        }
+    }
+}
+
+/* Normalises a token's conv outputs in place (one warp): k^ (and q^ with k^.q^ for own tokens), as
+ * prepare_token does for raw inputs. */
+template <int K, bool WITH_Q>
+__device__ __forceinline__ void normalise_token(const gdn__layer_params &p, shared_tokens &s, int j, int t, int lane)
+{
+    constexpr int KPL = K / 32;
+    float *krow = s.khat + (size_t)j * K, *qrow = s.qhat + (size_t)t * K;
+    float kx[KPL], qx[KPL], kk = 0.0f, qq = 0.0f, kq = 0.0f;
+#pragma unroll
+    for (int e = 0; e < KPL; e++) {
+        kx[e] = krow[lane * KPL + e];
+        kk = fmaf(kx[e], kx[e], kk);
+        if (WITH_Q) {
+            qx[e] = qrow[lane * KPL + e];
+            qq = fmaf(qx[e], qx[e], qq);
+            kq = fmaf(kx[e], qx[e], kq);
+        }
+    }
+    kk = group_sum<32>(kk);
+    if (WITH_Q) {
+        qq = group_sum<32>(qq);
+        kq = group_sum<32>(kq);
+    }
+    float rk, rq;
+    norm_scales(p, kk, qq, rk, rq);
+#pragma unroll
+    for (int e = 0; e < KPL; e++) {
+        krow[lane * KPL + e] = kx[e] * rk;
+        if (WITH_Q) qrow[lane * KPL + e] = qx[e] * rq;
+    }
+    if (WITH_Q && lane == 0) s.kq[t] = kq * rk * rq;
+}
+
+/* Slot w's window for local channels [c0, c1): the last W - 1 positions of the logical sequence of
+ * `length` positions, from the raw copy (complete and synced). */
+template <typename I>
+__device__ __forceinline__ void write_window(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
+                                             const mixer_sequence &seq, int length, int64_t w, int c0, int c1)
+{
+    const gdn__mixer_params &m = p.mixer;
+    I *win = static_cast<I *>(m.conv_state) + w * m.conv_slot_stride;
+    const int span = c1 - c0, n = seq.window_rows * span;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const int j = e / span, c = c0 + (e - j * span);
+        win[j * m.conv_token_stride + mc.global(c) * m.conv_channel_stride] =
+            raw[seq.physical(length - seq.window_rows + j) * mc.pitch + c];
+    }
+}
+
+/* Own tokens' raw x of local channels [c0, c1) to dst (token t at dst + t * token_elems, channel ch
+ * at + ch): the fold's stored tokens of slot w, or the cache strategy's x store of the row. */
+template <typename I>
+__device__ __forceinline__ void store_own_x(const mixer_channels &mc, const I *raw, const mixer_sequence &seq, int T,
+                                            I *dst, int64_t token_elems, int c0, int c1)
+{
+    const int span = c1 - c0, n = T * span;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const int t = e / span, c = c0 + (e - t * span);
+        dst[t * token_elems + mc.global(c)] = raw[(seq.window_rows + seq.own0 + t) * mc.pitch + c];
+    }
+}
+
+/* Fold verify with the conv, by the row's last CTA: a and b of the row's T tokens into slot w's
+ * stored tokens (x [conv_dim], then a [HV], b [HV]). */
+template <typename I>
+__device__ __forceinline__ void store_mixer_gates(const gdn__layer_params &p, int64_t i, int64_t w, int T)
+{
+    const int64_t token = gdn__mixer_token_elems(p.mixer.conv_dim, p.HV);
+    I *store = static_cast<I *>(p.token_store) + w * p.store_tokens * token + p.mixer.conv_dim;
+    const I *a = static_cast<const I *>(p.a), *b = static_cast<const I *>(p.b);
+    for (int e = threadIdx.x; e < T * p.HV; e += blockDim.x) {
+        const int t = e / p.HV, h = e - t * p.HV;
+        const I av = a[gdn__at(p.a_strides, i, t, h)], bv = b[gdn__at(p.b_strides, i, t, h)];
+        store[t * token + h] = av;
+        store[t * token + p.HV + h] = bv;
+    }
+}
+
+/* Counts the CTA in (thread 0; after a barrier that follows what it counts) and returns whether it
+ * completed the count of `expected`, resetting it then. */
+__device__ __forceinline__ bool arrive_last(uint32_t *count, uint32_t expected)
+{
+    const bool last = atomicAdd(count, 1u) == expected - 1;
+    if (last) *count = 0;
+    return last;
+}
+
+/* The gated RMSNorm of head h of row i, by the head's last CTA: y = o rsqrt(mean_V(o^2) + eps) w
+ * silu(z) for each of the T tokens, from the fp32 o every CTA of the head left in the scratch
+ * (visible: each wrote, fenced, then counted in; read through L2). */
+template <typename I, typename O>
+__device__ __forceinline__ void finish_norm(const gdn__layer_params &p, int64_t i, int h, int T, O *out, int64_t out_base)
+{
+    __shared__ float partial[32];
+    const gdn__mixer_params &m = p.mixer;
+    const int V = p.V, warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float eps = m.norm_eps > 0.0f ? m.norm_eps : 1e-6f;
+    const I *z = static_cast<const I *>(m.z);
+    for (int t = 0; t < T; t++) {
+        const float *o = m.norm_scratch + ((i * T + t) * p.HV + h) * (int64_t)V;
+        float ss = 0.0f;
+        for (int c = threadIdx.x; c < V; c += blockDim.x) {
+            const float x = __ldcg(o + c);
+            ss = fmaf(x, x, ss);
+        }
+        ss = group_sum<32>(ss);
+        if (lane == 0) partial[warp] = ss;
+        __syncthreads();
+        float total = 0.0f;
+        for (int n = 0; n < warps; n++) total += partial[n];
+        __syncthreads(); /* partial is reused by the next token */
+        const float scale = rsqrtf(total / (float)V + eps);
+        const int64_t z_at = gdn__at(m.z_strides, i, t, h);
+        for (int c = threadIdx.x; c < V; c += blockDim.x) {
+            const float zc = gdn__to_f32(z[z_at + c]);
+            const float y = __ldcg(o + c) * scale * m.norm_weight[c] * (zc / (1.0f + expf(-zc)));
+            out[out_base + t * p.out_strides.token + c] = gdn__from_f32<O>(y);
+        }
+    }
+}
+
+#endif /* GDN_CUDA_MIXER_CUH */

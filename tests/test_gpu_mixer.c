@@ -1,0 +1,448 @@
+/*
+ * The fused mixer step on the GPU (SPEC 6; gdn_mixer in include/gdn/gdn_op.h; kernels/gdn_cuda_mixer.cuh):
+ * the same random sequence of decodes, verifies and commits runs on a CUDA op and on a CPU op (the
+ * float64 reference, itself held to the oracle by test_op_mixer.c), over identical initial states and
+ * windows, with x, z, a and b strided column slices of one fused input tensor, a padded output, a
+ * padded pool and a dense or vLLM-layout conv pool; padding rows, rows that write another slot, every
+ * accepted count, a slot copy and a slot reset on the way.
+ *
+ * After every step: each live output within SPEC 4 of the CPU's (bf16 outputs: one bf16 ulp beside it,
+ * both sides being rounded), padding rows' outputs exactly 0 and
+ * nothing outside the step's outputs written (poisoned before each step); slots outside the step
+ * bit-exact (pool and window). At the end (after a flush under fold): every slot's state within SPEC
+ * 4 and every window bit-exact (it holds raw inputs). Skips visibly without a GPU.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend_impl.h"
+#include "gdn/gdn_op.h"
+#include "kernels/dtype_convert.h"
+#include "kernels/ref/gdn_spec.h"
+#include "support.h"
+
+enum { NUM_SLOTS = 9, SPARE_SLOT = 8, MAX_ROWS = 6, MAX_T = 4, POOL_GAP = 32, CONV_GAP = 8, K_DIM = 128 };
+
+typedef struct gm_cfg {
+    int32_t HK, HV;                /* K = V = 128 */
+    gdn_verify_strategy strategy;
+    gdn_dtype pool_dtype, weight_dtype, out_dtype;
+    int32_t W;                     /* conv width; 0: no conv */
+    int norm, vllm_layout, bias;
+    int32_t steps;
+    uint64_t seed;
+} gm_cfg;
+
+/* Shapes and host-side layouts shared by both sides. */
+typedef struct gm_shape {
+    int32_t HK, HV, K, V, C;
+    int64_t in_token, in_row, out_head, out_token, out_row;
+    size_t in_bytes, out_bytes, pool_bytes, conv_bytes, weight_bytes, out_size, pool_size;
+} gm_shape;
+
+/* One backend's op and its memory. */
+typedef struct gm_side {
+    gdn__backend be;
+    gdn_op_layer op;
+    gdn_mixer mixer;
+    void *in, *out, *pool, *conv, *ws, *slots, *writes, *accepted, *params, *weights, *bias, *norm_w;
+} gm_side;
+
+static void *side_alloc(gm_side *s, size_t bytes)
+{
+    void *p = NULL;
+    cr_assert_eq(s->be.iface->alloc(s->be.ctx, bytes, &p), GDN_OK);
+    cr_assert_eq(s->be.iface->synchronize(s->be.ctx, NULL), GDN_OK);
+    return p;
+}
+static void put(gm_side *s, void *dst, const void *src, size_t bytes)
+{
+    cr_assert_eq(s->be.iface->upload(s->be.ctx, dst, src, bytes, NULL), GDN_OK);
+    cr_assert_eq(s->be.iface->synchronize(s->be.ctx, NULL), GDN_OK);
+}
+static void get(gm_side *s, void *dst, const void *src, size_t bytes)
+{
+    cr_assert_eq(s->be.iface->synchronize(s->be.ctx, NULL), GDN_OK);
+    cr_assert_eq(s->be.iface->download(s->be.ctx, dst, src, bytes, NULL), GDN_OK);
+    cr_assert_eq(s->be.iface->synchronize(s->be.ctx, NULL), GDN_OK);
+}
+
+static gm_shape shape_of(const gm_cfg *c)
+{
+    gm_shape g = {.HK = c->HK, .HV = c->HV, .K = K_DIM, .V = K_DIM};
+    g.C = 2 * g.HK * g.K + g.HV * g.V;
+    /* per token: x [C] | z [HV V] | (a, b) [2 HV] | pad, a multiple of 8 elements (x's 16-byte rows) */
+    const int64_t used = g.C + (int64_t)g.HV * g.V + 2 * g.HV;
+    g.in_token = (used + 8) / 8 * 8 + 8;
+    g.in_row = MAX_T * g.in_token + 8;
+    g.in_bytes = (size_t)(MAX_ROWS * g.in_row) * 2;
+    g.out_size = gdn_dtype_size(c->out_dtype);
+    g.out_head = g.V + 4, g.out_token = g.HV * g.out_head + 8, g.out_row = MAX_T * g.out_token + 8;
+    g.out_bytes = (size_t)(MAX_ROWS * g.out_row) * g.out_size;
+    g.pool_size = gdn_dtype_size(c->pool_dtype);
+    g.pool_bytes = (size_t)(NUM_SLOTS * ((int64_t)g.HV * g.V * g.K + POOL_GAP)) * g.pool_size;
+    g.conv_bytes = c->W ? (size_t)(NUM_SLOTS * ((int64_t)(c->W - 1) * g.C + CONV_GAP)) * 2 : 2;
+    g.weight_bytes = (size_t)g.C * (c->W ? c->W : 1) * gdn_dtype_size(c->weight_dtype);
+    return g;
+}
+
+static void side_create(gm_side *s, gdn_backend_kind kind, const gm_cfg *c, const gm_shape *g)
+{
+    memset(s, 0, sizeof *s);
+    if (kind == GDN_BACKEND_CPU) cr_assert_eq(gdn__backend_cpu_create(4096, &s->be), GDN_OK);
+    else cr_assert_eq(gdn__backend_cuda_create(0, 4096, &s->be), GDN_OK);
+    s->in = side_alloc(s, g->in_bytes);
+    s->out = side_alloc(s, g->out_bytes);
+    s->pool = side_alloc(s, g->pool_bytes);
+    s->conv = side_alloc(s, g->conv_bytes);
+    s->slots = side_alloc(s, MAX_ROWS * sizeof(int32_t));
+    s->writes = side_alloc(s, MAX_ROWS * sizeof(int32_t));
+    s->accepted = side_alloc(s, MAX_ROWS * sizeof(int32_t));
+    s->params = side_alloc(s, 2 * (size_t)g->HV * sizeof(float));
+    s->weights = side_alloc(s, g->weight_bytes);
+    s->bias = side_alloc(s, (size_t)g->C * gdn_dtype_size(c->weight_dtype));
+    s->norm_w = side_alloc(s, (size_t)g->V * sizeof(float));
+    const int64_t rows = c->W ? c->W - 1 : 0;
+    s->mixer = (gdn_mixer){
+        .conv_width = c->W,
+        .conv_weight_dtype = c->weight_dtype,
+        .conv_weight = c->W ? s->weights : NULL,
+        .conv_bias = c->W && c->bias ? s->bias : NULL,
+        .conv = {s->conv, rows * g->C + CONV_GAP, c->vllm_layout ? 1 : g->C, c->vllm_layout ? rows : 1},
+        .norm_weight = c->norm ? s->norm_w : NULL,
+        .norm_eps = 1e-6f,
+    };
+    s->op = (gdn_op_layer){
+        .backend = kind,
+        .model = {.num_layers = 1, .num_k_heads = g->HK, .num_v_heads = g->HV, .head_dim_k = g->K, .head_dim_v = g->V,
+                  .use_qk_l2norm = 1},
+        .input_dtype = GDN_DTYPE_BF16,
+        .output_dtype = c->out_dtype,
+        .mixer = &s->mixer,
+        .A_log = s->params,
+        .dt_bias = (const float *)s->params + g->HV,
+        .pool = {s->pool, c->pool_dtype, NUM_SLOTS, (int64_t)g->HV * g->V * g->K + POOL_GAP},
+        .read_slots = s->slots,
+        .strategy = c->strategy,
+        .max_batch = MAX_ROWS,
+        .max_tokens = MAX_T,
+    };
+    const char *in = s->in;
+    s->op.x = (gdn_view){s->in, g->in_row, g->in_token, 0};
+    s->op.z = (gdn_view){(void *)(in + (size_t)g->C * 2), g->in_row, g->in_token, g->V};
+    s->op.a = (gdn_view){(void *)(in + (size_t)(g->C + (int64_t)g->HV * g->V) * 2), g->in_row, g->in_token, 2};
+    s->op.b = (gdn_view){(void *)(in + (size_t)(g->C + (int64_t)g->HV * g->V + 1) * 2), g->in_row, g->in_token, 2};
+    s->op.o = (gdn_view){s->out, g->out_row, g->out_token, g->out_head};
+    if (!c->W) { /* q, k, v as column slices of x's place */
+        s->op.q = (gdn_view){s->in, g->in_row, g->in_token, g->K};
+        s->op.k = (gdn_view){(void *)(in + (size_t)g->HK * g->K * 2), g->in_row, g->in_token, g->K};
+        s->op.v = (gdn_view){(void *)(in + (size_t)2 * g->HK * g->K * 2), g->in_row, g->in_token, g->V};
+    }
+    const size_t ws = gdn_op_workspace_bytes(&s->op);
+    cr_assert_gt(ws, 0, "a valid mixer op needs workspace");
+    s->ws = side_alloc(s, ws);
+    s->op.workspace = s->ws;
+}
+
+static void side_free(gm_side *s)
+{
+    void *all[] = {s->in, s->out, s->pool, s->conv, s->ws, s->slots, s->writes, s->accepted, s->params, s->weights, s->bias, s->norm_w};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) s->be.iface->free(s->be.ctx, all[i]);
+    s->be.iface->destroy(s->be.ctx);
+}
+
+/* Both sides get the same bytes. */
+static void put_both(gm_side *sides, size_t offset_of_field, const void *src, size_t bytes)
+{
+    for (int n = 0; n < 2; n++) put(&sides[n], *(void **)((char *)&sides[n] + offset_of_field), src, bytes);
+}
+#define PUT_BOTH(sides, field, src, bytes) put_both(sides, offsetof(gm_side, field), src, bytes)
+
+static uint16_t bf16_of(double x) { return gdn__f32_to_bf16((float)x); }
+
+static void fill_random(void *dst, size_t n, gdn_dtype dtype, test_rng *rng, double scale, double offset)
+{
+    for (size_t e = 0; e < n; e++) {
+        const double x = offset + scale * test_rng_normal(rng);
+        if (dtype == GDN_DTYPE_F32) ((float *)dst)[e] = (float)x;
+        else ((uint16_t *)dst)[e] = bf16_of(x);
+    }
+}
+
+static double value_at(const void *base, gdn_dtype dtype, int64_t e)
+{
+    return dtype == GDN_DTYPE_F32 ? (double)((const float *)base)[e] : (double)gdn__bf16_to_f32(((const uint16_t *)base)[e]);
+}
+
+/* Output element (i, t, h, d) in the padded output. */
+static int64_t out_at(const gm_shape *g, int32_t i, int32_t t, int32_t h, int32_t d)
+{
+    return i * g->out_row + t * g->out_token + h * g->out_head + d;
+}
+
+typedef struct gm_run {
+    gm_cfg cfg;
+    gm_shape g;
+    gm_side side[2]; /* [0] CPU (the reference), [1] CUDA */
+    test_rng rng;
+    gdn__tolerance tol;
+    unsigned char *host_out[2], *pool_before, *conv_before, *pool_after, *conv_after;
+} gm_run;
+
+static void run_create(gm_run *run, const gm_cfg *cfg)
+{
+    memset(run, 0, sizeof *run);
+    run->cfg = *cfg;
+    run->g = shape_of(cfg);
+    run->rng = test_rng_seeded(cfg->seed);
+    run->tol = gdn__spec4_tolerance(cfg->pool_dtype);
+    const gm_shape *g = &run->g;
+    side_create(&run->side[0], GDN_BACKEND_CPU, cfg, g);
+#ifdef GM_CPU_TWIN /* a development aid: both sides on the CPU */
+    side_create(&run->side[1], GDN_BACKEND_CPU, cfg, g);
+#else
+    side_create(&run->side[1], GDN_BACKEND_CUDA, cfg, g);
+#endif
+    gm_side *sides = run->side;
+
+    /* Parameters and initial slots: random, the same bits on both sides. */
+    float *params = malloc(2 * (size_t)g->HV * sizeof(float));
+    for (int32_t h = 0; h < g->HV; h++) {
+        params[h] = (float)(-1.0 + 1.5 * test_rng_uniform(&run->rng));
+        params[g->HV + h] = (float)(0.5 * test_rng_normal(&run->rng));
+    }
+    PUT_BOTH(sides, params, params, 2 * (size_t)g->HV * sizeof(float));
+    void *weights = malloc(g->weight_bytes), *bias = malloc((size_t)g->C * 4);
+    fill_random(weights, g->weight_bytes / gdn_dtype_size(cfg->weight_dtype), cfg->weight_dtype, &run->rng, 0.5, 0.0);
+    fill_random(bias, (size_t)g->C, cfg->weight_dtype, &run->rng, 0.2, 0.0);
+    PUT_BOTH(sides, weights, weights, g->weight_bytes);
+    PUT_BOTH(sides, bias, bias, (size_t)g->C * gdn_dtype_size(cfg->weight_dtype));
+    float *norm_w = malloc((size_t)g->V * sizeof(float));
+    fill_random(norm_w, (size_t)g->V, GDN_DTYPE_F32, &run->rng, 0.3, 1.0);
+    PUT_BOTH(sides, norm_w, norm_w, (size_t)g->V * sizeof(float));
+    void *pool = malloc(g->pool_bytes), *conv = malloc(g->conv_bytes);
+    fill_random(pool, g->pool_bytes / g->pool_size, cfg->pool_dtype, &run->rng, 0.1, 0.0);
+    fill_random(conv, g->conv_bytes / 2, GDN_DTYPE_BF16, &run->rng, 1.0, 0.0);
+    PUT_BOTH(sides, pool, pool, g->pool_bytes);
+    PUT_BOTH(sides, conv, conv, g->conv_bytes);
+    free(params), free(weights), free(bias), free(norm_w), free(pool), free(conv);
+    for (int n = 0; n < 2; n++) run->host_out[n] = malloc(g->out_bytes);
+    run->pool_before = malloc(g->pool_bytes), run->conv_before = malloc(g->conv_bytes);
+    run->pool_after = malloc(g->pool_bytes), run->conv_after = malloc(g->conv_bytes);
+}
+
+static void run_free(gm_run *run)
+{
+    for (int n = 0; n < 2; n++) side_free(&run->side[n]), free(run->host_out[n]);
+    free(run->pool_before), free(run->conv_before), free(run->pool_after), free(run->conv_after);
+}
+
+/* The byte ranges of slot s in the pool and in the conv pool. */
+static size_t pool_slot_bytes(const gm_run *run) { return (size_t)run->side[0].op.pool.slot_stride * run->g.pool_size; }
+static size_t conv_slot_bytes(const gm_run *run) { return (size_t)run->side[0].mixer.conv.slot_stride * 2; }
+
+/* Slots other than the step's reads and writes are bit-exact on the GPU across the step. */
+static void assert_others_untouched(gm_run *run, const int32_t *rows, const int32_t *writes, int32_t B, int step)
+{
+    gm_side *gpu = &run->side[1];
+    get(gpu, run->pool_after, gpu->pool, run->g.pool_bytes);
+    get(gpu, run->conv_after, gpu->conv, run->g.conv_bytes);
+    for (int32_t s = 0; s < NUM_SLOTS; s++) {
+        int in_step = 0;
+        for (int32_t i = 0; i < B; i++) in_step |= rows[i] == s || writes[i] == s;
+        if (in_step) continue;
+        const size_t p = pool_slot_bytes(run), c = run->cfg.W ? conv_slot_bytes(run) : 0;
+        cr_assert(memcmp(run->pool_before + s * p, run->pool_after + s * p, p) == 0, "step %d: slot %d's state changed", step, s);
+        if (c) cr_assert(memcmp(run->conv_before + s * c, run->conv_after + s * c, c) == 0, "step %d: slot %d's window changed", step, s);
+    }
+}
+
+/* One step (and its commit) on both sides, then the checks. */
+static void run_step(gm_run *run, int step)
+{
+    const gm_cfg *c = &run->cfg;
+    const gm_shape *g = &run->g;
+    gm_side *sides = run->side;
+    const int verify = test_rng_below(&run->rng, 2);
+    const int32_t T = verify ? 2 + test_rng_below(&run->rng, MAX_T - 1) : 1;
+    const int32_t B = 1 + test_rng_below(&run->rng, MAX_ROWS);
+    /* distinct slots from 0..SPARE_SLOT-1; a row may write another unused slot; one may be padding */
+    int32_t perm[SPARE_SLOT], rows[MAX_ROWS], writes[MAX_ROWS], accepted[MAX_ROWS];
+    for (int32_t s = 0; s < SPARE_SLOT; s++) perm[s] = s;
+    for (int32_t s = SPARE_SLOT - 1; s > 0; s--) {
+        const int32_t j = test_rng_below(&run->rng, s + 1), t = perm[s];
+        perm[s] = perm[j], perm[j] = t;
+    }
+    int32_t next = 0;
+    for (int32_t i = 0; i < B; i++) rows[i] = perm[next++];
+    for (int32_t i = 0; i < B; i++) writes[i] = next < SPARE_SLOT && test_rng_below(&run->rng, 4) == 0 ? perm[next++] : rows[i];
+    if (B > 1 && test_rng_below(&run->rng, 3) == 0) rows[test_rng_below(&run->rng, B)] = -1;
+    for (int32_t i = 0; i < B; i++) accepted[i] = test_rng_below(&run->rng, T + 1);
+
+    uint16_t *in = malloc(g->in_bytes);
+    for (size_t e = 0; e < g->in_bytes / 2; e++) in[e] = bf16_of(test_rng_normal(&run->rng));
+    PUT_BOTH(sides, in, in, g->in_bytes);
+    PUT_BOTH(sides, slots, rows, (size_t)B * sizeof(int32_t));
+    PUT_BOTH(sides, writes, writes, (size_t)B * sizeof(int32_t));
+    PUT_BOTH(sides, accepted, accepted, (size_t)B * sizeof(int32_t));
+    memset(run->host_out[0], 0xff, g->out_bytes); /* NaN in either dtype */
+    PUT_BOTH(sides, out, run->host_out[0], g->out_bytes);
+    free(in);
+    get(&sides[1], run->pool_before, sides[1].pool, g->pool_bytes);
+    get(&sides[1], run->conv_before, sides[1].conv, g->conv_bytes);
+
+    for (int n = 0; n < 2; n++) {
+        gm_side *s = &sides[n];
+        s->op.kind = verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE;
+        s->op.tokens = T;
+        s->op.batch = B;
+        s->op.write_slots = s->writes;
+        gdn_status status = gdn_op_layer_step(&s->op, NULL);
+        cr_assert_eq(status, GDN_OK, "step %d (%s): %s", step, n ? "cuda" : "cpu", gdn_status_name(status));
+        if (verify) {
+            status = gdn_op_commit(&s->op, s->accepted, NULL);
+            cr_assert_eq(status, GDN_OK, "commit %d (%s): %s", step, n ? "cuda" : "cpu", gdn_status_name(status));
+        }
+        get(s, run->host_out[n], s->out, g->out_bytes);
+    }
+
+    /* Outputs: live rows within SPEC 4 of the CPU's; padding rows 0; nothing else written. */
+    unsigned char *written = calloc(g->out_bytes / g->out_size, 1);
+    for (int32_t i = 0; i < B; i++)
+        for (int32_t t = 0; t < T; t++)
+            for (int32_t h = 0; h < g->HV; h++)
+                for (int32_t d = 0; d < g->V; d++) {
+                    const int64_t e = out_at(g, i, t, h, d);
+                    written[e] = 1;
+                    const double want = value_at(run->host_out[0], c->out_dtype, e), got = value_at(run->host_out[1], c->out_dtype, e);
+                    if (rows[i] < 0) {
+                        cr_assert(got == 0.0 && want == 0.0, "step %d: padding row %d output (%d, %d, %d) = %g", step, i, t, h, d, got);
+                        continue;
+                    }
+                    cr_assert(isfinite(got), "step %d: row %d token %d head %d [%d] not written (%g)", step, i, t, h, d, got);
+                    /* both outputs are rounded to the output dtype: one of its ulps beside the tolerance */
+                    const double ulp = c->out_dtype == GDN_DTYPE_BF16 && want != 0.0 ? ldexp(1.0, ilogb(want) - 7) : 0.0;
+                    const double off = fabs(got - want) > ulp ? fabs(got - want) - ulp : 0.0;
+                    const double ratio = off / (run->tol.out_abs + run->tol.out_rel * fabs(want));
+                    cr_assert(ratio <= 1.0, "step %d (%s T=%d): row %d token %d head %d [%d]: gpu %.6g, reference %.6g",
+                              step, verify ? "verify" : "decode", T, i, t, h, d, got, want);
+                }
+    for (size_t e = 0; e < g->out_bytes / g->out_size; e++)
+        if (!written[e])
+            cr_assert(isnan(value_at(run->host_out[1], c->out_dtype, (int64_t)e)), "step %d: output element %zu outside the step written",
+                      step, e);
+    free(written);
+    assert_others_untouched(run, rows, writes, B, step);
+}
+
+/* Every slot's state within SPEC 4 of the CPU's and its window bit-exact (after a flush: fold). */
+static void assert_slots_match(gm_run *run, const char *when)
+{
+    const gm_shape *g = &run->g;
+    gm_side *sides = run->side;
+    int32_t all[NUM_SLOTS];
+    for (int32_t s = 0; s < NUM_SLOTS; s++) all[s] = s;
+    for (int n = 0; n < 2; n++) {
+        if (run->cfg.strategy != GDN_VERIFY_FOLD) continue;
+        put(&sides[n], sides[n].slots, all, MAX_ROWS * sizeof(int32_t));
+        gdn_status status = gdn_op_flush(&sides[n].op, sides[n].slots, MAX_ROWS, NULL);
+        cr_assert_eq(status, GDN_OK, "%s: flush (%s): %s", when, n ? "cuda" : "cpu", gdn_status_name(status));
+        put(&sides[n], sides[n].slots, all + MAX_ROWS, (NUM_SLOTS - MAX_ROWS) * sizeof(int32_t));
+        status = gdn_op_flush(&sides[n].op, sides[n].slots, NUM_SLOTS - MAX_ROWS, NULL);
+        cr_assert_eq(status, GDN_OK, "%s: flush (%s): %s", when, n ? "cuda" : "cpu", gdn_status_name(status));
+    }
+    get(&sides[0], run->pool_before, sides[0].pool, g->pool_bytes);
+    get(&sides[1], run->pool_after, sides[1].pool, g->pool_bytes);
+    const int64_t slot = sides[0].op.pool.slot_stride, elems = (int64_t)g->HV * g->V * g->K;
+    for (int32_t s = 0; s < NUM_SLOTS; s++)
+        for (int64_t e = 0; e < elems; e++) {
+            const double want = value_at(run->pool_before, run->cfg.pool_dtype, s * slot + e);
+            const double got = value_at(run->pool_after, run->cfg.pool_dtype, s * slot + e);
+            cr_assert(fabs(got - want) <= run->tol.state_abs + run->tol.state_rel * fabs(want),
+                      "%s: slot %d state [%ld]: gpu %.6g, reference %.6g", when, s, (long)e, got, want);
+        }
+    if (!run->cfg.W) return;
+    get(&sides[0], run->conv_before, sides[0].conv, g->conv_bytes);
+    get(&sides[1], run->conv_after, sides[1].conv, g->conv_bytes);
+    cr_assert(memcmp(run->conv_before, run->conv_after, g->conv_bytes) == 0, "%s: the windows differ", when);
+}
+
+static void run_sequence(const gm_cfg *cfg)
+{
+#ifndef GM_CPU_TWIN
+    test_require_gpu();
+#endif
+    gm_run run;
+    run_create(&run, cfg);
+    const int32_t steps = test_scaled_steps(cfg->steps ? cfg->steps : 16);
+    for (int step = 0; step < steps; step++) {
+        run_step(&run, step);
+        if (step == steps / 2) { /* a slot copy and a reset, both sides */
+            for (int n = 0; n < 2; n++) {
+                cr_assert_eq(gdn_op_slot_copy(&run.side[n].op, 7, 2, NULL), GDN_OK);
+                cr_assert_eq(gdn_op_slot_reset(&run.side[n].op, 5, NULL), GDN_OK);
+            }
+            assert_slots_match(&run, "after a slot copy and reset");
+        }
+    }
+    assert_slots_match(&run, "at the end");
+    run_free(&run);
+}
+
+#define GPU_MIXER_TEST(name, ...)                                                                   \
+    Test(gpu_mixer, name, .timeout = 600)                                                           \
+    {                                                                                               \
+        const gm_cfg c = {__VA_ARGS__};                                                             \
+        run_sequence(&c);                                                                           \
+    }
+
+GPU_MIXER_TEST(cache_f32_pool_conv_norm, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_CACHE, .pool_dtype = GDN_DTYPE_F32,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .bias = 1, .seed = 1)
+GPU_MIXER_TEST(cache_bf16_pool_vllm_window, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_CACHE, .pool_dtype = GDN_DTYPE_BF16,
+               .weight_dtype = GDN_DTYPE_F32, .out_dtype = GDN_DTYPE_F32, .W = 4, .norm = 1, .vllm_layout = 1, .seed = 2)
+GPU_MIXER_TEST(fold_f32_pool_conv_norm, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_FOLD, .pool_dtype = GDN_DTYPE_F32,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .bias = 1, .seed = 3)
+GPU_MIXER_TEST(fold_bf16_pool_width_3_vllm_window, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_FOLD,
+               .pool_dtype = GDN_DTYPE_BF16, .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_F32, .W = 3,
+               .norm = 1, .vllm_layout = 1, .seed = 4)
+GPU_MIXER_TEST(cache_norm_only, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_CACHE, .pool_dtype = GDN_DTYPE_F32,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 0, .norm = 1, .seed = 5)
+GPU_MIXER_TEST(fold_conv_only_width_2, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_FOLD, .pool_dtype = GDN_DTYPE_F32,
+               .weight_dtype = GDN_DTYPE_F32, .out_dtype = GDN_DTYPE_F32, .W = 2, .norm = 0, .bias = 1, .seed = 6)
+GPU_MIXER_TEST(cache_conv_only_width_2, .HK = 1, .HV = 2, .strategy = GDN_VERIFY_CACHE, .pool_dtype = GDN_DTYPE_BF16,
+               .weight_dtype = GDN_DTYPE_F32, .out_dtype = GDN_DTYPE_BF16, .W = 2, .norm = 0, .seed = 7)
+GPU_MIXER_TEST(qwen3_next_heads_cache_bf16, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_CACHE, .pool_dtype = GDN_DTYPE_BF16,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .bias = 1, .steps = 8,
+               .seed = 8)
+GPU_MIXER_TEST(qwen3_next_heads_fold_f32, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_FOLD, .pool_dtype = GDN_DTYPE_F32,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .steps = 8, .seed = 9)
+
+/* What the fused kernel does not run is refused on CUDA with GDN_ENOTSUP, changing nothing. */
+Test(gpu_mixer, ring_and_other_head_sizes_are_refused, .timeout = 600)
+{
+    test_require_gpu();
+    const gm_cfg cfg = {.HK = 2, .HV = 4, .strategy = GDN_VERIFY_CACHE, .pool_dtype = GDN_DTYPE_F32,
+                        .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .seed = 10};
+    gm_run run;
+    run_create(&run, &cfg);
+    gm_side *gpu = &run.side[1];
+    get(gpu, run.pool_before, gpu->pool, run.g.pool_bytes);
+    gdn_op_layer op = gpu->op;
+    op.kind = GDN_STEP_DECODE, op.tokens = 1, op.batch = 1;
+    op.strategy = GDN_VERIFY_RING;
+    cr_assert_eq(gdn_op_layer_step(&op, NULL), GDN_ENOTSUP);
+    op = gpu->op;
+    op.kind = GDN_STEP_DECODE, op.tokens = 1, op.batch = 1;
+    op.model.head_dim_k = 64; /* the pool's slots and the windows still fit: only the head size differs */
+    gdn_mixer dense_windows = gpu->mixer;
+    dense_windows.conv.token_stride = dense_windows.conv.channel_stride = 0;
+    op.mixer = &dense_windows;
+    const gdn_status status = gdn_op_layer_step(&op, NULL);
+    cr_assert_eq(status, GDN_ENOTSUP, "K = 64 with a mixer on CUDA: %s", gdn_status_name(status));
+    get(gpu, run.pool_after, gpu->pool, run.g.pool_bytes);
+    cr_assert(memcmp(run.pool_before, run.pool_after, run.g.pool_bytes) == 0);
+    run_free(&run);
+}
