@@ -77,7 +77,8 @@ class OpLayer(C.Structure):
                 ("mixer", C.POINTER(Mixer)), ("x", View), ("z", View), ("A_log", C.c_void_p), ("dt_bias", C.c_void_p),
                 ("pool", StatePool), ("read_slots", C.c_void_p), ("write_slots", C.c_void_p), ("error_flag", C.c_void_p),
                 ("strategy", C.c_int), ("workspace", C.c_void_p), ("max_batch", C.c_int32), ("max_tokens", C.c_int32),
-                ("ring_length", C.c_int32), ("overlap_preceding", C.c_int32)]
+                ("ring_length", C.c_int32), ("overlap_preceding", C.c_int32),
+                ("token_counts", C.c_void_p), ("parents", C.c_void_p)]  # gdn_op_layer, field for field
 
 
 # ---- bf16 as numpy uint16 (round to nearest even, as the library's host conversion) ----
@@ -295,7 +296,7 @@ def run(lib, mem, ref, args, state_dtype, strategy):
     def call(fn, *extra):
         st = fn(C.byref(op), *extra)
         if st == ENOTSUP and args.backend == "cuda":
-            print("the library answers GDN_ENOTSUP for a CUDA mixer op: the fused CUDA mixer kernel is not built yet")
+            print("the library answers GDN_ENOTSUP for this CUDA mixer op (the fused kernel runs cache and fold, K = 128)")
             sys.exit(3)
         if st != 0:
             sys.exit(f"{fn.__name__}: {lib.gdn_status_name(st).decode()}")

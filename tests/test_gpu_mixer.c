@@ -446,3 +446,151 @@ Test(gpu_mixer, ring_and_other_head_sizes_are_refused, .timeout = 600)
     cr_assert(memcmp(run.pool_before, run.pool_after, run.g.pool_bytes) == 0);
     run_free(&run);
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The engine on CUDA (graphs replayed) against the engine on the CPU backend                       */
+/* ---------------------------------------------------------------------------------------------- */
+
+enum { E_LAYERS = 3, E_SLOTS = 6, E_ROWS = 4 };
+
+/* Two engines with one configuration but the backend: the same weights, slots and inputs; after every
+ * step every output within SPEC 4 of the CPU's (bf16 outputs: an ulp beside), and at the end every
+ * slot's state (gdn_slot_read_state) within SPEC 4 and its window bit-exact. The CUDA engine runs
+ * graphs (one per bucket and T, replayed with new slots): the counts the fused kernel leaves at zero
+ * between steps, the norm's scratch and the commit's window kernel all go through replays. */
+static void run_engine_twins(gdn_verify_strategy strategy, gdn_dtype state_dtype, uint64_t seed)
+{
+    test_require_gpu();
+    test_rng rng = test_rng_seeded(seed);
+    gdn_engine_config c = test_config("tiny", E_LAYERS, state_dtype, E_SLOTS, E_ROWS, MAX_T);
+    c.model.head_dim_k = c.model.head_dim_v = K_DIM;
+    c.verify_strategy = strategy;
+    c.output_dtype = GDN_DTYPE_BF16;
+    c.mixer = (gdn_mixer_config){.conv_width = 4, .conv_weight_dtype = GDN_DTYPE_BF16, .use_norm = 1};
+    const int32_t HK = c.model.num_k_heads, HV = c.model.num_v_heads, K = K_DIM, V = K_DIM;
+    const int32_t C = 2 * HK * K + HV * V;
+    gdn_engine *e[2] = {NULL, NULL};
+    for (int n = 0; n < 2; n++) {
+        c.backend = n ? GDN_BACKEND_CUDA : GDN_BACKEND_CPU;
+        const gdn_status status = gdn_engine_create(&c, &e[n]);
+        cr_assert_eq(status, GDN_OK, "gdn_engine_create (%s): %s", n ? "cuda" : "cpu", gdn_status_name(status));
+        for (int32_t s = 0; s < E_SLOTS; s++) {
+            int32_t slot = -1;
+            cr_assert_eq(gdn_slot_alloc(e[n], &slot), GDN_OK);
+            cr_assert_eq(slot, s);
+        }
+    }
+    /* weights, states and windows: the same bits in both */
+    float *params = malloc(sizeof(float) * 2 * (size_t)HV), *norm_w = malloc(sizeof(float) * (size_t)V);
+    uint16_t *conv_w = malloc(2 * (size_t)C * 4), *bias = malloc(2 * (size_t)C), *window = malloc(2 * (size_t)3 * C);
+    const size_t state_elems = (size_t)HV * V * K;
+    void *state = malloc(state_elems * gdn_dtype_size(state_dtype));
+    for (int32_t l = 0; l < E_LAYERS; l++) {
+        for (int32_t h = 0; h < HV; h++) {
+            params[h] = (float)(-1.0 + 1.5 * test_rng_uniform(&rng));
+            params[HV + h] = (float)(0.5 * test_rng_normal(&rng));
+        }
+        fill_random(conv_w, (size_t)C * 4, GDN_DTYPE_BF16, &rng, 0.5, 0.0);
+        fill_random(bias, (size_t)C, GDN_DTYPE_BF16, &rng, 0.2, 0.0);
+        fill_random(norm_w, (size_t)V, GDN_DTYPE_F32, &rng, 0.3, 1.0);
+        for (int n = 0; n < 2; n++) {
+            cr_assert_eq(gdn_engine_set_layer_params(e[n], l, params, params + HV), GDN_OK);
+            cr_assert_eq(gdn_engine_set_mixer_params(e[n], l, conv_w, bias, norm_w), GDN_OK);
+        }
+        for (int32_t s = 0; s < E_SLOTS; s++) {
+            fill_random(state, state_elems, state_dtype, &rng, 0.1, 0.0);
+            fill_random(window, (size_t)3 * C, GDN_DTYPE_BF16, &rng, 1.0, 0.0);
+            for (int n = 0; n < 2; n++) {
+                cr_assert_eq(gdn_slot_write_state(e[n], l, s, state), GDN_OK);
+                cr_assert_eq(gdn_slot_write_conv_state(e[n], l, s, window), GDN_OK);
+            }
+        }
+    }
+    const gdn__tolerance tol = gdn__spec4_tolerance(state_dtype);
+    const size_t out_elems = (size_t)E_ROWS * MAX_T * HV * V;
+    uint16_t *out[2] = {malloc(2 * out_elems), malloc(2 * out_elems)};
+    const size_t in_elems = (size_t)E_ROWS * MAX_T * ((size_t)C + (size_t)HV * V + 2 * (size_t)HV);
+    uint16_t *in = malloc(2 * in_elems);
+    const int32_t steps = test_scaled_steps(24);
+    for (int step = 0; step < steps; step++) {
+        const int verify = step % 3 != 0;
+        const int32_t T = verify ? 2 + test_rng_below(&rng, MAX_T - 1) : 1;
+        const int32_t B = 1 + test_rng_below(&rng, E_ROWS);
+        int32_t rows[E_ROWS], accepted[E_ROWS];
+        const int32_t first = test_rng_below(&rng, E_SLOTS);
+        for (int32_t i = 0; i < B; i++) rows[i] = (first + i) % E_SLOTS, accepted[i] = test_rng_below(&rng, T + 1);
+        if (B > 1 && step % 4 == 1) rows[B - 1] = -1; /* a padding row */
+        fill_random(in, in_elems, GDN_DTYPE_BF16, &rng, 1.0, 0.0);
+        for (int n = 0; n < 2; n++) {
+            for (int32_t l = 0; l < E_LAYERS; l++) { /* x, z, a, b dense [B, T, ...] in the engine's buffers */
+                gdn_layer_io io;
+                cr_assert_eq(gdn_engine_layer_io(e[n], l, &io), GDN_OK);
+                const size_t nx = (size_t)B * T * C, nz = (size_t)B * T * HV * V, ng = (size_t)B * T * HV;
+                cr_assert_eq(gdn_engine_upload(e[n], io.x, in, 2 * nx, NULL), GDN_OK);
+                cr_assert_eq(gdn_engine_upload(e[n], io.z, in + nx, 2 * nz, NULL), GDN_OK);
+                cr_assert_eq(gdn_engine_upload(e[n], io.a, in + nx + nz, 2 * ng, NULL), GDN_OK);
+                cr_assert_eq(gdn_engine_upload(e[n], io.b, in + nx + nz + ng, 2 * ng, NULL), GDN_OK);
+                memset(out[n], 0xff, 2 * out_elems);
+                cr_assert_eq(gdn_engine_upload(e[n], io.o, out[n], 2 * out_elems, NULL), GDN_OK);
+            }
+            test_run_step(e[n], verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, T, B, rows, NULL);
+            if (verify) {
+                test_set_accepted(e[n], accepted, B);
+                const gdn_status status = gdn_engine_commit(e[n], NULL);
+                cr_assert_eq(status, GDN_OK, "commit (%s): %s", n ? "cuda" : "cpu", gdn_status_name(status));
+            }
+            cr_assert_eq(gdn_engine_synchronize(e[n], NULL), GDN_OK);
+        }
+        for (int32_t l = 0; l < E_LAYERS; l++) {
+            for (int n = 0; n < 2; n++) {
+                gdn_layer_io io;
+                cr_assert_eq(gdn_engine_layer_io(e[n], l, &io), GDN_OK);
+                cr_assert_eq(gdn_engine_download(e[n], out[n], io.o, 2 * (size_t)B * T * HV * V, NULL), GDN_OK);
+                cr_assert_eq(gdn_engine_synchronize(e[n], NULL), GDN_OK);
+            }
+            for (size_t j = 0; j < (size_t)B * T * HV * V; j++) {
+                const int32_t i = (int32_t)(j / ((size_t)T * HV * V));
+                const double want = value_at(out[0], GDN_DTYPE_BF16, (int64_t)j), got = value_at(out[1], GDN_DTYPE_BF16, (int64_t)j);
+                if (rows[i] < 0) {
+                    cr_assert(got == 0.0, "step %d layer %d: padding row output %g", step, l, got);
+                    continue;
+                }
+                const double ulp = want != 0.0 ? ldexp(1.0, ilogb(want) - 7) : 0.0;
+                const double off = fabs(got - want) > ulp ? fabs(got - want) - ulp : 0.0;
+                cr_assert(isfinite(got) && off <= tol.out_abs + tol.out_rel * fabs(want),
+                          "step %d (%s T=%d) layer %d output [%zu]: gpu %.6g, cpu %.6g", step, verify ? "verify" : "decode", T,
+                          l, j, got, want);
+            }
+        }
+    }
+    double *states[2] = {malloc(sizeof(double) * state_elems), malloc(sizeof(double) * state_elems)};
+    void *raw = malloc(state_elems * 4);
+    uint16_t *windows[2] = {malloc(2 * (size_t)3 * C), malloc(2 * (size_t)3 * C)};
+    for (int32_t l = 0; l < E_LAYERS; l++)
+        for (int32_t s = 0; s < E_SLOTS; s++) {
+            for (int n = 0; n < 2; n++) {
+                cr_assert_eq(gdn_slot_read_state(e[n], l, s, raw), GDN_OK);
+                for (size_t j = 0; j < state_elems; j++) states[n][j] = value_at(raw, state_dtype, (int64_t)j);
+                cr_assert_eq(gdn_slot_read_conv_state(e[n], l, s, windows[n]), GDN_OK);
+            }
+            for (size_t j = 0; j < state_elems; j++)
+                cr_assert(fabs(states[1][j] - states[0][j]) <= tol.state_abs + tol.state_rel * fabs(states[0][j]),
+                          "layer %d slot %d state [%zu]: gpu %.6g, cpu %.6g", l, s, j, states[1][j], states[0][j]);
+            cr_assert(memcmp(windows[0], windows[1], 2 * (size_t)3 * C) == 0, "layer %d slot %d: the windows differ", l, s);
+        }
+    for (int n = 0; n < 2; n++) gdn_engine_destroy(e[n]), free(out[n]), free(states[n]), free(windows[n]);
+    free(params), free(norm_w), free(conv_w), free(bias), free(window), free(state), free(in), free(raw);
+}
+
+Test(gpu_mixer, engine_graphs_match_the_cpu_engine_cache_f32, .timeout = 600)
+{
+    run_engine_twins(GDN_VERIFY_CACHE, GDN_DTYPE_F32, 21);
+}
+Test(gpu_mixer, engine_graphs_match_the_cpu_engine_fold_bf16, .timeout = 600)
+{
+    run_engine_twins(GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 22);
+}
+Test(gpu_mixer, engine_graphs_match_the_cpu_engine_fold_f32, .timeout = 600)
+{
+    run_engine_twins(GDN_VERIFY_FOLD, GDN_DTYPE_F32, 23);
+}
