@@ -1,6 +1,6 @@
 /*
  * Commit of a verify step (SPEC 3.1), every layer in one launch: for each batch row i with
- * n = clamp(accepted[i], 0, T) > 0, state_l[w] = cache_l[i, n - 1] for every layer l, a plain copy in
+ * n = clamp(accepted[i], 0, T) > 0 (a count outside 0..T also raises the error flag), state_l[w] = cache_l[i, n - 1] for every layer l, a plain copy in
  * the state dtype (bit-exact with the cache). accepted[] and the slot lists are read on the device, so
  * the launch can sit in a CUDA graph right after the sampler: no host sync, no allocation.
  *
@@ -41,6 +41,7 @@ __global__ void __launch_bounds__(GDN__COMMIT_THREADS) commit_kernel(const gdn__
         return;
     }
     int n = p.accepted[i];
+    if ((n < 0 || n > p.T) && p.error_flag && blockIdx.x == 0 && l == 0 && threadIdx.x == 0) *p.error_flag = 1;
     n = n < 0 ? 0 : (n > p.T ? p.T : n);
     if (n == 0) return;
 
@@ -92,6 +93,7 @@ __global__ void __launch_bounds__(128) commit_pending_kernel(const gdn__commit_p
         return;
     }
     int n = p.accepted[i];
+    if ((n < 0 || n > p.T) && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
     n = n < 0 ? 0 : (n > p.T ? p.T : n);
     if (p.ring_count)
         for (int64_t l = threadIdx.x; l < p.num_layers; l += blockDim.x) p.ring_count[l * p.counts_layer_stride + w] += n;

@@ -37,7 +37,8 @@
  * overwritten or the count changes (the CUDA kernel's last CTA of the row writes what is shared).
  *
  * Commit (one launch for all layers): row i is skipped when r = read_slots[i] < 0 (padding). With
- * w = write_slots[i] (or r when write_slots is NULL) and n = clamp(accepted[i], 0, T):
+ * w = write_slots[i] (or r when write_slots is NULL) and n = clamp(accepted[i], 0, T) (accepted[i]
+ * outside 0..T: *error_flag = 1 too, the commit goes on with n):
  *   r >= num_slots or w >= num_slots: skipped, *error_flag = 1 (the verify treated the row as padding).
  *   n == 0: nothing changes.  n > 0: for every layer l, state_l[w] = cache_l[i, n - 1] (a plain copy
  *   in state_dtype, so bit-exact with the cache). Fold strategy (pending != NULL): pending_l[w] = n

@@ -110,6 +110,7 @@ typedef struct fz {
     double *state; /* [S][L][elems] */
     uint8_t known[FZ_MAX_SLOTS][FZ_MAX_LAYERS];
     int32_t accepted_shadow[FZ_MAX_BATCH];
+    int device_flag; /* the model's device error flag: a commit met a live row's count outside 0..T */
     mstep st;
     double *saved; /* [L][MB][MT * token_doubles]: the inputs each row's layer ran with */
     size_t token_doubles;
@@ -605,6 +606,7 @@ static void model_commit(fz *f)
             if (st->rows[i] < 0) continue;
             const int32_t r = st->rows[i], w = st->writes[i];
             int32_t n = f->accepted_shadow[i];
+            f->device_flag |= n < 0 || n > st->T; /* clamped, and flagged */
             n = n < 0 ? 0 : (n > st->T ? st->T : n);
             if (st->taint[l][i]) {
                 f->known[w][l] = 0;
@@ -1260,9 +1262,11 @@ static void op_misc(fz *f)
         if (!f->st.active) ex_add(&x, GDN_EMISUSE);
         if (!check_status(f, "step_rows", &x, s)) return;
         if (s == GDN_OK && bucket != f->st.bucket) return fail(f, "step_rows bucket %d, model %d", bucket, f->st.bucket);
-        expect ok = {0};
-        pre_call(f, &ok);
-        if (!check_status(f, "check_device_error", &ok, gdn_engine_check_device_error(f->e, NULL))) return;
+        expect ok = {0}, flag = {0};
+        if (f->device_flag) ex_add(&flag, GDN_EDEVICE);
+        pre_call(f, &flag);
+        if (!check_status(f, "check_device_error", &flag, gdn_engine_check_device_error(f->e, NULL))) return;
+        f->device_flag = 0;
         if (!check_status(f, "synchronize", &ok, gdn_engine_synchronize(f->e, NULL))) return;
         gdn_memory_report m;
         if (!check_status(f, "memory", &ok, gdn_engine_memory(f->e, &m))) return;
@@ -1842,7 +1846,8 @@ int gdn_fuzz_run_one(const uint8_t *data, size_t size, unsigned flags, gdn_fuzz_
             for (int32_t l = 0; l < f->L && f->alloc[slot] && !f->failed; l++) call_read(f, l, slot, 0);
         if (!f->failed) {
             gdn_status s = gdn_engine_check_device_error(f->e, NULL);
-            if (s != GDN_OK) fail(f, "device error flag raised: %s", gdn_status_name(s));
+            if (s != (f->device_flag ? GDN_EDEVICE : GDN_OK))
+                fail(f, "device error flag: %s, the model's %s", gdn_status_name(s), f->device_flag ? "raised" : "clear");
             int32_t live = 0;
             for (int32_t slot = 0; slot < f->S; slot++) {
                 live += f->alloc[slot];

@@ -1170,6 +1170,7 @@ static void commit_with(oz *f, gdn_op_layer *op_in, int legal, int32_t B, int32_
         const int32_t r = f->pv.r[i], w = f->pv.w[i];
         raised |= (r >= 0 && flags_row(f, r, w)) || (r >= 0 && r < f->S && w < 0);
         if (!f->pv.live[i]) continue;
+        raised |= accepted[i] < 0 || accepted[i] > T; /* clamped, and flagged */
         const int32_t n = accepted[i] < 0 ? 0 : (accepted[i] > T ? T : accepted[i]);
         trace(f, "    row %d: %d -> %d accepts %d (%d)", i, r, w, n, (int)accepted[i]);
         if (n == 0) continue; /* cache: nothing; fold, ring: w already holds r's state */

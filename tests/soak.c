@@ -665,6 +665,13 @@ static void step(soak *s)
         CHECK(s, gdn_engine_upload(s->e, gdn_engine_accepted(s->e), accepted, sizeof(int32_t) * (size_t)s->MB, NULL));
         CHECK(s, gdn_engine_commit(s->e, NULL));
         s->verify_steps++;
+        /* a live row's count outside 0..T is clamped and raises the device flag; the check clears it */
+        int clamped = 0;
+        for (int32_t i = 0; i < n; i++) clamped |= rows[i] >= 0 && (accepted[i] < 0 || accepted[i] > T);
+        if (clamped) {
+            const gdn_status flag = gdn_engine_check_device_error(s->e, NULL);
+            if (flag != GDN_EDEVICE) failf(s, "a clamped accepted count: device flag %s, expected EDEVICE", gdn_status_name(flag));
+        }
     } else {
         s->decode_steps++;
     }

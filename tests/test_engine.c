@@ -308,6 +308,10 @@ static void verify_commit_check(gdn_dtype state_dtype, const int32_t *accepted_c
     test_run_step(f.e, GDN_STEP_VERIFY, T, B, rows, NULL);
     test_set_accepted(f.e, accepted_counts, B);
     cr_assert_eq(gdn_engine_commit(f.e, NULL), GDN_OK);
+    int clamped = 0; /* a count outside 0..T is clamped and raises the device flag (cleared by the check) */
+    for (int32_t i = 0; i < B; i++) clamped |= accepted_counts[i] < 0 || accepted_counts[i] > T;
+    cr_assert_eq(gdn_engine_check_device_error(f.e, NULL), clamped ? GDN_EDEVICE : GDN_OK);
+    cr_assert_eq(gdn_engine_check_device_error(f.e, NULL), GDN_OK);
     double *expected = malloc(sizeof(double) * test_state_elems(f.e) * 2);
     for (int32_t i = 0; i < B; i++) {
         int32_t n = accepted_counts[i] < 0 ? 0 : (accepted_counts[i] > T ? T : accepted_counts[i]);

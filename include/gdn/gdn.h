@@ -526,7 +526,8 @@ GDN_API gdn_status gdn_engine_conv_pool(gdn_engine *engine, int32_t layer, gdn_c
 /*
  * The accepted-count buffer, int32 [max_batch] in backend memory. After a verify step the caller's
  * sampler writes accepted[i] in [0, T] for each row i (on the device, on the CUDA backend), then calls
- * gdn_engine_commit. Values outside [0, T] are clamped.
+ * gdn_engine_commit. Values outside [0, T] are clamped and raise the device error flag
+ * (gdn_engine_check_device_error: GDN_EDEVICE); the row commits the clamped count.
  */
 GDN_API int32_t *gdn_engine_accepted(gdn_engine *engine);
 
@@ -622,7 +623,8 @@ GDN_API gdn_status gdn_engine_enqueue_commit(gdn_engine *engine, void *stream);
 
 /*
  * Waits for the engine's work on `stream`, then reads and clears the sticky device error flag:
- * GDN_EDEVICE if a kernel met a slot index >= num_slots since the last check, else GDN_OK. Not for
+ * GDN_EDEVICE if a kernel met a slot index >= num_slots or an accepted count outside [0, T] since the
+ * last check, else GDN_OK. Not for
  * the step path (it synchronises).
  */
 GDN_API gdn_status gdn_engine_check_device_error(gdn_engine *engine, void *stream);

@@ -132,8 +132,8 @@ GDN_API gdn_status gdn_op_layer_step(const gdn_op_layer *op, void *stream);
 /*
  * Commits the verify step that `op` describes (the same fields as its gdn_op_layer_step): row i
  * advances by accepted[i] tokens (backend memory [batch], clamped to 0..T, or to 0..n[i] with
- * token_counts), which stands for node accepted[i] - 1: with parents, the path to that node. Same
- * errors.
+ * token_counts; a count outside that range also sets *error_flag), which stands for node
+ * accepted[i] - 1: with parents, the path to that node. Same errors.
  */
 GDN_API gdn_status gdn_op_commit(const gdn_op_layer *op, const int32_t *accepted, void *stream);
 

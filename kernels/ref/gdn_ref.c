@@ -692,7 +692,10 @@ void gdn__ref_commit(const gdn__commit_params *p)
         int32_t count = p->T;
         if (p->token_counts) count = p->token_counts[i];
         int32_t node = p->accepted[i];
-        if (!p->accepted_nodes) node = (node < 0 ? 0 : (node > count ? count : node)) - 1;
+        if (!p->accepted_nodes) { /* a count outside 0..n is clamped and flagged (SPEC 3: read on the device, never trusted) */
+            if ((node < 0 || node > count) && p->error_flag) *p->error_flag = 1;
+            node = (node < 0 ? 0 : (node > count ? count : node)) - 1;
+        }
         int32_t path[GDN_MAX_TOKENS];
         int32_t n = -1; /* the path's length; -1: a bad count, node or parent */
         if (count >= 1 && count <= p->T && count <= GDN_MAX_TOKENS)
