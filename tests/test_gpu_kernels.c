@@ -407,14 +407,18 @@ static void commit_case(const char *preset, gdn_dtype state_dtype, int32_t B, in
     /* Expected: the float64 reference's commit on the host copies (a plain copy: bit-exact). */
     gdn__commit_params h = p;
     h.state = pool.data, h.cache = cache.data, h.read_slots = reads, h.write_slots = separate_writes ? writes : NULL;
-    h.accepted = accepted, h.error_flag = NULL;
+    int32_t ref_flag = 0; /* live rows with a count outside 0..T: clamped and flagged, as the reference */
+    h.accepted = accepted, h.error_flag = &ref_flag;
     gdn__ref_commit(&h);
     void *got = malloc(pool_bytes);
     CUDA_OK(cudaMemcpy(got, d_pool, pool_bytes, cudaMemcpyDeviceToHost));
     cr_assert_eq(memcmp(got, pool.data, pool_bytes), 0, "%s B=%d T=%d: committed pools differ from the reference", preset, B, T);
     int32_t flag = -1;
     CUDA_OK(cudaMemcpy(&flag, d_flag, sizeof flag, cudaMemcpyDeviceToHost));
-    cr_assert_eq(flag, 0);
+    int32_t clamped = 0;
+    for (int32_t i = 0; i < B; i++) clamped |= reads[i] >= 0 && (accepted[i] < 0 || accepted[i] > T);
+    cr_assert_eq(ref_flag, clamped);
+    cr_assert_eq(flag, clamped, "%s B=%d T=%d: device flag %d, expected %d", preset, B, T, flag, clamped);
     free(got), free(pool.data), free(cache.data), free(reads), free(writes), free(accepted);
     cudaFree(d_pool), cudaFree(d_cache), cudaFree(d_flag);
     cudaFree((void *)p.read_slots), cudaFree((void *)p.write_slots), cudaFree((void *)p.accepted);
