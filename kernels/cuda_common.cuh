@@ -99,8 +99,11 @@ __device__ __forceinline__ void gdn__allow_dependents()
 #endif
 }
 
-/* True when the current device runs programmatic dependent launches (compute capability >= 9.0),
- * read once per device. */
+/* True when the current device runs programmatic dependent launches (compute capability >= 9.0)
+ * and the code it loads for our kernels has their waits: a build for several targets may hand a
+ * 9.0+ device PTX of an older virtual arch (none of its own targets, or CUDA_FORCE_PTX_JIT=1), in
+ * which gdn__wait_preceding is compiled out, and such a kernel must never start early. Every kernel
+ * of the library is built for the same targets, so one of them stands for all. Read once per device. */
 inline bool gdn__overlap_supported(void)
 {
     static std::atomic<int> known[GDN__MAX_DEVICES]; /* 0 unknown, 1 no, 2 yes */
@@ -113,8 +116,14 @@ inline bool gdn__overlap_supported(void)
     }
     int major = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    if (tracked) known[device].store(major >= 9 ? 2 : 1, std::memory_order_release);
-    return major >= 9;
+    cudaFuncAttributes loaded = {};
+    if (cudaFuncGetAttributes(&loaded, gdn__never_runs) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    const bool supported = major >= 9 && loaded.ptxVersion >= 90;
+    if (tracked) known[device].store(supported ? 2 : 1, std::memory_order_release);
+    return supported;
 }
 
 /* Launches `kernel` on `stream`, with programmatic stream serialization when `overlap` is set and the

@@ -12,7 +12,10 @@
 set -euo pipefail
 build=${1:-build-gpu}
 out=${2:-gpu-bundle}
-[ -d "$build" ] || { echo "no build folder '$build' (meson setup $build -Dcuda=enabled)" >&2; exit 2; }
+# The GPU machine's bundle must stay small (its copies are size-limited): configure the build folder
+# for that machine's one target, e.g. meson setup build-gpu -Dcuda=enabled
+# -Dgpu_arch=-gencode=arch=compute_90a,code=sm_90a (the default builds four targets).
+[ -d "$build" ] || { echo "no build folder '$build' (meson setup $build -Dcuda=enabled -Dgpu_arch=-gencode=arch=compute_90a,code=sm_90a)" >&2; exit 2; }
 rm -rf "$out"
 mkdir -p "$out"
 
