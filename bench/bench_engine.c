@@ -21,7 +21,9 @@
  * The other strategies keep their medians of 8-step samples (one step for direct launches).
  *
  *   gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--host-burst N]
- *                      [--verify auto|cache|fold|ring] [--ring-length L] [--json FILE]
+ *                      [--verify auto|cache|fold|ring] [--ring-length L] [--mixer] [--json FILE]
+ * --mixer: every layer runs the whole mixer step (SPEC 6: conv W = 4 with its window, the recurrence,
+ * the gated norm; random bf16 conv weights and bias, norm weights near 1). 
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -214,9 +216,16 @@ int gdn_bench_fill_inputs(gdn_engine *e, const gdn_engine_config *c)
     for (int32_t l = 0; l < c->model.num_layers; l++) {
         gdn_layer_io io;
         CHECK_GDN(gdn_engine_layer_io(e, l, &io));
-        CHECK_GDN(gdn_engine_upload(e, io.q, host, n_qk * 2, NULL));
-        CHECK_GDN(gdn_engine_upload(e, io.k, host + 1, n_qk * 2, NULL));
-        CHECK_GDN(gdn_engine_upload(e, io.v, host, n_v * 2, NULL));
+        if (c->mixer.conv_width > 0) { /* x = q | k | v before the conv: n_qk twice, then n_v */
+            CHECK_GDN(gdn_engine_upload(e, io.x, host, n_qk * 2, NULL));
+            CHECK_GDN(gdn_engine_upload(e, (uint16_t *)io.x + n_qk, host + 1, n_qk * 2, NULL));
+            CHECK_GDN(gdn_engine_upload(e, (uint16_t *)io.x + 2 * n_qk, host, n_v * 2, NULL));
+        } else {
+            CHECK_GDN(gdn_engine_upload(e, io.q, host, n_qk * 2, NULL));
+            CHECK_GDN(gdn_engine_upload(e, io.k, host + 1, n_qk * 2, NULL));
+            CHECK_GDN(gdn_engine_upload(e, io.v, host, n_v * 2, NULL));
+        }
+        if (c->mixer.use_norm) CHECK_GDN(gdn_engine_upload(e, io.z, host + 4, n_v * 2, NULL));
         CHECK_GDN(gdn_engine_upload(e, io.a, host + 2, n_g * 2, NULL));
         CHECK_GDN(gdn_engine_upload(e, io.b, host + 3, n_g * 2, NULL));
     }
@@ -239,6 +248,7 @@ int gdn_bench_engine_main(int argc, char **argv)
     const char *json = NULL;
     gdn_verify_strategy verify = GDN_VERIFY_AUTO; /* the library's default unless asked */
     int32_t ring_length = 0;                      /* 0: the library's default */
+    int mixer = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--state") && v) state = strcmp(argv[++i], "f32") == 0 ? GDN_DTYPE_F32 : GDN_DTYPE_BF16;
@@ -251,6 +261,7 @@ int gdn_bench_engine_main(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--ring-length") && v) ring_length = atoi(argv[++i]);
         else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
+        else if (!strcmp(a, "--mixer")) mixer = 1;
         else if (!strcmp(a, "--max-batch") && v) max_batch = atoi(argv[++i]);
         else if (!strcmp(a, "--json") && v) json = argv[++i];
         else if (!strcmp(a, "--host-burst") && v) {
@@ -261,7 +272,7 @@ int gdn_bench_engine_main(int argc, char **argv)
             for (char *tok = strtok(argv[++i], ","); tok && n_tokens < 8; tok = strtok(NULL, ",")) tokens[n_tokens++] = atoi(tok);
         } else {
             fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] "
-                            "[--host-burst 1..12] [--verify auto|cache|fold|ring] [--ring-length 4..32] [--json FILE]\n");
+                            "[--host-burst 1..12] [--verify auto|cache|fold|ring] [--ring-length 4..32] [--mixer] [--json FILE]\n");
             return 2;
         }
     }
@@ -282,6 +293,7 @@ int gdn_bench_engine_main(int argc, char **argv)
     c.backend = GDN_BACKEND_CUDA;
     c.graph_mode = GDN_GRAPHS_AT_CREATE;
     c.graph_progress = progress;
+    if (mixer) c.mixer = (gdn_mixer_config){.conv_width = 4, .conv_weight_dtype = GDN_DTYPE_BF16, .use_norm = 1};
     gdn_engine *e = NULL;
     const double t_create = now_us();
     CHECK_GDN(gdn_engine_create(&c, &e));
@@ -296,8 +308,9 @@ int gdn_bench_engine_main(int argc, char **argv)
     char ring_note[64] = "";
     if (ring_len)
         snprintf(ring_note, sizeof ring_note, " (ring length %d; GPU times: means over whole ring cycles)", ring_len);
-    printf("engine: qwen3-next x %d layers, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify%s; created"
+    printf("engine: qwen3-next x %d layers%s, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify%s; created"
            " in %.0f ms (graphs included); host timed in bursts of %d steps\n", layers,
+           mixer ? " (whole mixer step: conv W 4, gated norm)" : "",
            state == GDN_DTYPE_F32 ? "f32" : "bf16", max_batch, max_batch, max_tokens, rc->num_buckets, strategy, ring_note,
            create_ms, host_burst);
     printf("device memory: pools %.2f GiB, verify cache %.2f GiB, token store %.2f GiB, ring %.2f GiB (%.2f%% of the pools), "
@@ -305,6 +318,15 @@ int gdn_bench_engine_main(int argc, char **argv)
            mem.state_pools / 1073741824.0, mem.verify_cache / 1073741824.0, mem.token_store / 1073741824.0,
            mem.ring / 1073741824.0, 100.0 * (double)mem.ring / (double)mem.state_pools, mem.io_buffers / 1073741824.0,
            mem.total / 1073741824.0);
+    if (mixer) { /* random weights: the timing does not depend on them, but zeros are never timed */
+        const size_t C = 2 * (size_t)model.num_k_heads * model.head_dim_k + (size_t)model.num_v_heads * model.head_dim_v;
+        uint16_t *w = malloc(sizeof(uint16_t) * C * 5);
+        float *norm_w = malloc(sizeof(float) * (size_t)model.head_dim_v);
+        for (size_t j = 0; j < C * 5; j++) w[j] = gdn__f32_to_bf16((float)(0.25 * ((double)((j * 2654435761u) % 1000) / 500.0 - 1.0)));
+        for (int32_t j = 0; j < model.head_dim_v; j++) norm_w[j] = 1.0f + 0.001f * (float)j;
+        for (int32_t l = 0; l < layers; l++) CHECK_GDN(gdn_engine_set_mixer_params(e, l, w, w + 4 * C, norm_w));
+        free(w), free(norm_w);
+    }
     int32_t *slots = malloc(sizeof(int32_t) * (size_t)max_batch);
     for (int32_t i = 0; i < max_batch; i++) CHECK_GDN(gdn_slot_alloc(e, &slots[i]));
     for (int32_t i = 0; i < max_batch; i++) CHECK_GDN(gdn_slot_reset(e, slots[i], NULL));
@@ -339,10 +361,10 @@ int gdn_bench_engine_main(int argc, char **argv)
             perror(json);
             return 1;
         }
-        fprintf(f, "{\"mode\": \"engine\", \"preset\": \"qwen3-next\", \"layers\": %d, \"state\": \"%s\", \"verify\": \"%s\", "
+        fprintf(f, "{\"mode\": \"engine\", \"mixer\": %d, \"preset\": \"qwen3-next\", \"layers\": %d, \"state\": \"%s\", \"verify\": \"%s\", "
                    "\"ring_length\": %d, \"gpu_time\": \"%s\", \"memory\": {\"state_pools\": %llu, \"verify_cache\": %llu, "
                    "\"token_store\": %llu, \"ring\": %llu, \"total\": %llu}, \"host_burst\": %d, \"rows\": [\n",
-                layers, state == GDN_DTYPE_F32 ? "f32" : "bf16", strategy, ring_len,
+                mixer, layers, state == GDN_DTYPE_F32 ? "f32" : "bf16", strategy, ring_len,
                 ring_len ? "mean over samples of whole ring cycles" : "median of samples",
                 (unsigned long long)mem.state_pools, (unsigned long long)mem.verify_cache,
                 (unsigned long long)mem.token_store, (unsigned long long)mem.ring, (unsigned long long)mem.total, host_burst);

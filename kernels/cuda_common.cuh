@@ -150,7 +150,7 @@ inline cudaError_t gdn__launch(void (*kernel)(Params...), dim3 grid, dim3 block,
 }
 
 /* True when `p` is aligned to `bytes`. */
-static inline bool gdn__aligned(const void *p, uintptr_t bytes) { return ((uintptr_t)p % bytes) == 0; }
+static inline __host__ __device__ bool gdn__aligned(const void *p, uintptr_t bytes) { return ((uintptr_t)p % bytes) == 0; }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Device: storage types                                                                            */

@@ -85,28 +85,26 @@ template <typename Geo, int SETS> __host__ __device__ constexpr size_t staged_fl
     return SETS > 1 ? (size_t)Geo::RT * Geo::NV * 4 * threads : 0;
 }
 
-/* Where the mixer's raw conv sequence starts (floats from the start of shared memory, 16-byte
- * aligned), past the staged state and the prepared tokens; and the whole size in bytes. */
+/* Where the mixer's part of shared memory starts (floats from the start, 16-byte aligned), past the
+ * staged state and the prepared tokens; and the whole size in bytes (mixer_smem: its parts). */
 template <typename Geo, int SETS>
-__host__ __device__ size_t raw_sequence_floats(int threads, int K, int cta_rows, int capacity, int T)
+__host__ __device__ size_t mixer_smem_floats(int threads, int K, int cta_rows, int capacity, int T)
 {
     return (staged_floats<Geo, SETS>(threads) + shared_tokens::floats(K, cta_rows, capacity, T) + 3) / 4 * 4;
 }
 template <typename Geo, int SETS>
-__host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int capacity, int T, int conv_width,
-                                         size_t input_elem)
+__host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int capacity, int T, bool mixer,
+                                         const mixer_smem &parts)
 {
-    if (conv_width == 0)
-        return sizeof(float) * (staged_floats<Geo, SETS>(threads) + shared_tokens::floats(K, cta_rows, capacity, T));
-    return sizeof(float) * raw_sequence_floats<Geo, SETS>(threads, K, cta_rows, capacity, T) +
-           mixer_channels::bytes(K, cta_rows, conv_width, capacity, input_elem);
+    if (!mixer) return sizeof(float) * (staged_floats<Geo, SETS>(threads) + shared_tokens::floats(K, cta_rows, capacity, T));
+    return sizeof(float) * mixer_smem_floats<Geo, SETS>(threads, K, cta_rows, capacity, T) + parts.end;
 }
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER>
 __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIXER>())) layer_step_kernel(const gdn__layer_params p)
 {
     constexpr bool SHARED = shared_staging<FOLD, MIXER>();
-    constexpr int SETS = row_sets<FOLD>();
+    constexpr int SETS = row_sets<FOLD || MIXER>();
     constexpr bool DECAY_OUTSIDE = FOLD && sizeof(S) == 2;
     using Geo = layer_geometry<K, S, REGS, SHARED>;
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT;
@@ -165,13 +163,27 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
     const bool norm = MIXER && p.mixer.norm_weight != nullptr;
     const int window_rows = conv ? p.mixer.conv_width - 1 : 0;
     const mixer_channels mc(p, kh, h, tile_row0, cta_rows);
-    I *raw = reinterpret_cast<I *>(smem + raw_sequence_floats<Geo, SETS>(blockDim.x, K, cta_rows,
-                                                                          shared_tokens::capacity(FOLD, p.store_tokens, T), T));
+    const mixer_smem parts(K, cta_rows, window_rows ? window_rows + 1 : 0, shared_tokens::capacity(FOLD, p.store_tokens, T), T,
+                           V, sizeof(I), p.mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, norm);
+    char *mixer_base = reinterpret_cast<char *>(
+        smem + mixer_smem_floats<Geo, SETS>(blockDim.x, K, cta_rows, shared_tokens::capacity(FOLD, p.store_tokens, T), T));
+    I *raw = reinterpret_cast<I *>(mixer_base + parts.raw);
+    I *z_sh = reinterpret_cast<I *>(mixer_base + parts.z);
+    float *norm_w_sh = reinterpret_cast<float *>(mixer_base + parts.norm_w);
+    float *o_sh = reinterpret_cast<float *>(mixer_base + parts.o);
+    /* With the norm, a CTA that holds all of its head's rows normalises them itself (large grids run
+     * sequential row sets); otherwise the head's last CTA does, from fp32 scratch. */
+    const bool local_norm = norm && tiles_per_head == 1;
+    const bool window_async = conv && window_rows_contiguous(p.mixer);
     const int64_t token_elems = conv ? gdn__mixer_token_elems(p.mixer.conv_dim, HV) : gdn__token_elems(HK, HV, K, V);
     /* Before the wait for the preceding kernel (which writes this step's inputs; overlap_preceding):
      * only what no kernel of the step writes before this one, slot r's stored tokens, window and state. */
     if constexpr (SHARED) {
-        if (conv) stage_window<I>(p, mc, raw, r);
+        if constexpr (MIXER) { /* layer parameters and slot r's window: asynchronous copies */
+            if (conv) stage_conv_params(p, mc, mixer_base + parts.weights, mixer_base + parts.bias);
+            if (window_async) stage_window_async<I>(p, mc, raw, r);
+            if (norm) copy_words_async(norm_w_sh, p.mixer.norm_weight, V * 4);
+        }
         for (int j = warp; j < own0; j += warps) {
             const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
             if (conv)
@@ -197,6 +209,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
         gdn__allow_dependents();
     }
     load_rows<K, S, Geo>(src, st, row0, glane);
+    if (conv && !window_async) stage_window<I>(p, mc, raw, r); /* plain loads, behind the state's */
     if constexpr (STATE_BEFORE_WAIT) {
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
@@ -215,6 +228,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
                                     static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh),
                                     static_cast<const I *>(p.v) + gdn__at(p.v_strides, i, t, h) + tile_row0, cta_rows, lane);
         }
+        if (norm) stage_z<I>(p, i, h, T, z_sh);
         gdn__copy_async_commit(); /* the tokens: one group, before the next set's state */
         if ((int)threadIdx.x < tokens) {
             const int j = threadIdx.x;
@@ -257,7 +271,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
         else gdn__copy_async_wait_all();
         if (conv) {
             __syncthreads(); /* the whole raw sequence (each thread waited for its own copies) */
-            conv_pass<I>(p, mc, raw, seq, T, s);
+            conv_pass<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s);
             __syncthreads();
             for (int j = warp; j < tokens; j += warps) {
                 if (j >= own0) normalise_token<K, true>(p, s, j, j - own0, lane);
@@ -343,7 +357,11 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
             else tv.template load_direct<K, I>(p, i, t, kh, h, set_row0, glane, A, dt_bias);
             apply_token<Geo, true, DECAY_OUTSIDE>(st, decay, tv, o);
             if (glane == 0) {
-                if (norm) /* o for the head's last CTA, which normalises it */
+                if (local_norm) /* o for the norm below */
+#pragma unroll
+                    for (int rt = 0; rt < RT; rt++)
+                        o_sh[t * V + set_row0 + rt * G] = o[rt];
+                else if (norm) /* o for the head's last CTA, which normalises it */
 #pragma unroll
                     for (int rt = 0; rt < RT; rt++)
                         p.mixer.norm_scratch[((i * T + t) * HV + h) * (int64_t)V + set_row0 + rt * G] = o[rt];
@@ -379,7 +397,6 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
     if constexpr (MIXER) {
         __shared__ int kh_last_cta, head_last_cta;
         if (threadIdx.x == 0) kh_last_cta = kh_last;
-        if (norm) __threadfence(); /* this CTA's o, before it counts itself in */
         __syncthreads();
         if (kh_last_cta) { /* every CTA of kh's heads has read its window channels: q and k of kh move */
             if (window_moves) write_window<I>(p, mc, raw, seq, window_length, w, 0, 2 * K);
@@ -387,12 +404,21 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
                 store_own_x<I>(mc, raw, seq, T, static_cast<I *>(p.token_store) + w * p.store_tokens * token_elems,
                                token_elems, 0, 2 * K);
         }
-        if (norm && T > 0) {
-            if (threadIdx.x == 0) head_last_cta = arrive_last(mixer_counts + HK + h, (uint32_t)tiles_per_head);
+        if (local_norm && T > 0) {
+            finish_norm<I, O, false>(p, i, h, T, o_sh, V, z_sh, norm_w_sh, out, out_base);
+        } else if (norm && T > 0) {
+            /* every thread's o before the count: the barrier above, then thread 0's fence (cumulative;
+             * counting in before the state stores instead, with a barrier in the set loop, was
+             * measured slower at buckets 4-8) */
+            if (threadIdx.x == 0) {
+                __threadfence();
+                head_last_cta = arrive_last(mixer_counts + HK + h, (uint32_t)tiles_per_head);
+            }
             __syncthreads();
             if (head_last_cta) {
                 __threadfence();
-                finish_norm<I, O>(p, i, h, T, out, out_base);
+                finish_norm<I, O, true>(p, i, h, T, p.mixer.norm_scratch + (i * T * HV + h) * (int64_t)V, (int64_t)HV * V,
+                                        z_sh, norm_w_sh, out, out_base);
             }
         }
     }
@@ -410,7 +436,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
     constexpr bool SHARED = shared_staging<FOLD, MIXER>();
     using Geo = layer_geometry<K, S, REGS, SHARED>;
-    constexpr int SETS = row_sets<FOLD>();
+    constexpr int SETS = row_sets<FOLD || MIXER>();
     const auto ctas = [&](int warps, int sets) { return (int64_t)p->B * p->HV * (p->V / (sets * warps * Geo::ROWS_PER_WARP)); };
     int warps = 4, sets = SETS; /* fewer sets, then fewer warps, until small grids reach every SM */
     while (sets > 1 && (p->V % (sets * warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
@@ -425,19 +451,19 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const int tiles_per_head = p->V / cta_rows;
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
     const int T = ONE_TOKEN ? 1 : p->T;
-    const int conv_width = MIXER ? p->mixer.conv_width : 0;
-    const size_t smem = SHARED ? staging_bytes<Geo, SETS>(warps * 32, K, cta_rows, shared_tokens::capacity(FOLD, p->store_tokens, T),
-                                                          T, conv_width, sizeof(I))
-                               : 0;
+    const int capacity = shared_tokens::capacity(FOLD, p->store_tokens, T);
+    const mixer_smem parts(K, cta_rows, MIXER ? p->mixer.conv_width : 0, capacity, T, p->V, sizeof(I),
+                           p->mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, MIXER && p->mixer.norm_weight);
+    const size_t smem = SHARED ? staging_bytes<Geo, SETS>(warps * 32, K, cta_rows, capacity, T, MIXER, parts) : 0;
     auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER>;
     if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per device and instance, up to the largest case */
         constexpr int most_tokens = GDN_MAX_TOKENS;
         static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
-        GDN__CUDA_TRY(gdn__opt_in_shared(
-            kernel,
-            (int)staging_bytes<Geo, SETS>(128, K, GDN__MAX_HEAD_DIM, shared_tokens::capacity(true, most_tokens, most_tokens),
-                                          most_tokens, MIXER ? GDN__MAX_CONV_WIDTH : 0, sizeof(I)),
-            opted_in));
+        const int largest = (int)staging_bytes<Geo, SETS>(
+            128, K, GDN__MAX_HEAD_DIM, shared_tokens::capacity(true, most_tokens, most_tokens), most_tokens, MIXER,
+            mixer_smem(K, GDN__MAX_HEAD_DIM, MIXER ? GDN__MAX_CONV_WIDTH : 0, shared_tokens::capacity(true, most_tokens, most_tokens),
+                       most_tokens, GDN__MAX_HEAD_DIM, sizeof(I), 4, MIXER));
+        GDN__CUDA_TRY(gdn__opt_in_shared(kernel, largest, opted_in));
     }
     GDN__CUDA_TRY(gdn__launch(kernel, grid, dim3(warps * 32), smem, stream, p->overlap_preceding != 0, *p));
     GDN__CUDA_TRY(gdn__cuda_launch_error());

@@ -58,8 +58,96 @@ struct mixer_sequence {
     }
 };
 
-/* The window of slot r, every channel of the CTA, into raw rows 0..W-2 (plain loads: the pool's
- * strides are the caller's; a few values per thread). */
+/* The mixer's shared memory past the prepared tokens, byte offsets (each part 16-byte aligned): the
+ * raw sequence, the CTA's conv weights and bias (their storage type), the head's z (T x V, input
+ * type), the norm weight (V fp32) and, for a CTA that holds a whole head, its o (T x V fp32). Host
+ * and device compute it alike from the launch's values. */
+struct mixer_smem {
+    size_t raw, weights, bias, z, norm_w, o, end;
+    __host__ __device__ mixer_smem(int K, int cta_rows, int conv_width, int capacity, int T, int V, size_t in_elem,
+                                   size_t weight_elem, bool norm)
+    {
+        const size_t width = 2 * (size_t)K + cta_rows;
+        const bool conv = conv_width > 0;
+        size_t at = 0;
+        raw = at, at += conv ? mixer_channels::bytes(K, cta_rows, conv_width, capacity, in_elem) : 0, at = (at + 15) / 16 * 16;
+        weights = at, at += conv ? width * conv_width * weight_elem : 0, at = (at + 15) / 16 * 16;
+        bias = at, at += conv ? width * weight_elem : 0, at = (at + 15) / 16 * 16;
+        z = at, at += norm ? (size_t)T * V * in_elem : 0, at = (at + 15) / 16 * 16;
+        norm_w = at, at += norm ? (size_t)V * 4 : 0, at = (at + 15) / 16 * 16;
+        o = at, at += norm ? (size_t)T * V * 4 : 0, at = (at + 15) / 16 * 16;
+        end = at;
+    }
+};
+
+/* Copies `bytes` (a multiple of 4, both ends 4-byte aligned) into shared memory with 4-byte cp.async,
+ * the CTA's threads striding: part of the copy group that the kernel waits for before the tokens. */
+__device__ __forceinline__ void copy_words_async(void *dst, const void *src, int bytes)
+{
+    for (int e = threadIdx.x; e < bytes / 4; e += blockDim.x)
+        gdn__copy_async4(static_cast<char *>(dst) + 4 * e, static_cast<const char *>(src) + 4 * e);
+}
+
+/* The conv weights and bias of the CTA's three channel segments (each a contiguous run of channels,
+ * [channel][W] and [channel]), asynchronously: they are layer parameters, so they go out before the
+ * wait for the preceding kernel, beside the state. */
+__device__ __forceinline__ void stage_conv_params(const gdn__layer_params &p, const mixer_channels &mc, char *weights,
+                                                  char *bias)
+{
+    const gdn__mixer_params &m = p.mixer;
+    const int W = m.conv_width, e = m.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2;
+    const int64_t first[3] = {mc.q0, mc.k0, mc.v0};
+    const int count[3] = {mc.K, mc.K, mc.rows}, local[3] = {0, mc.K, 2 * mc.K};
+    for (int seg = 0; seg < 3; seg++) {
+        copy_words_async(weights + (size_t)local[seg] * W * e, static_cast<const char *>(m.conv_weight) + first[seg] * W * e,
+                         count[seg] * W * e);
+        if (m.conv_bias)
+            copy_words_async(bias + (size_t)local[seg] * e, static_cast<const char *>(m.conv_bias) + first[seg] * e, count[seg] * e);
+    }
+}
+
+/* True when slot windows are channel-contiguous rows with 4-byte aligned runs (the engine's dense
+ * layout and any [W-1][conv_dim] pool): they can be copied asynchronously. vLLM's [conv_dim][W-1]
+ * layout is read with plain loads instead. */
+__device__ __forceinline__ bool window_rows_contiguous(const gdn__mixer_params &m)
+{
+    return m.conv_channel_stride == 1 && m.conv_token_stride % 2 == 0 && m.conv_slot_stride % 2 == 0 &&
+           gdn__aligned(m.conv_state, 4);
+}
+
+/* The window of slot r as raw rows 0..W-2, asynchronously (window_rows_contiguous). */
+template <typename I>
+__device__ __forceinline__ void stage_window_async(const gdn__layer_params &p, const mixer_channels &mc, I *raw, int64_t r)
+{
+    const gdn__mixer_params &m = p.mixer;
+    const I *win = static_cast<const I *>(m.conv_state) + r * m.conv_slot_stride;
+    for (int j = 0; j + 1 < m.conv_width; j++) {
+        const I *row = win + j * m.conv_token_stride;
+        copy_words_async(raw + (size_t)j * mc.pitch, row + mc.q0, mc.K * (int)sizeof(I));
+        copy_words_async(raw + (size_t)j * mc.pitch + mc.K, row + mc.k0, mc.K * (int)sizeof(I));
+        copy_words_async(raw + (size_t)j * mc.pitch + 2 * mc.K, row + mc.v0, mc.rows * (int)sizeof(I));
+    }
+}
+
+/* Head h's z of row i's T tokens into shared memory [T][V]: asynchronously when 4-byte aligned,
+ * else with plain loads. */
+template <typename I>
+__device__ __forceinline__ void stage_z(const gdn__layer_params &p, int64_t i, int h, int T, I *z_sh)
+{
+    const gdn__mixer_params &m = p.mixer;
+    const I *z = static_cast<const I *>(m.z);
+    for (int t = 0; t < T; t++) {
+        const I *src = z + gdn__at(m.z_strides, i, t, h);
+        if (gdn__aligned(src, 4)) {
+            copy_words_async(z_sh + (size_t)t * p.V, src, p.V * (int)sizeof(I));
+        } else {
+            for (int c = threadIdx.x; c < p.V; c += blockDim.x) z_sh[(size_t)t * p.V + c] = src[c];
+        }
+    }
+}
+
+/* The window of slot r, every channel of the CTA, into raw rows 0..W-2 with plain loads (any
+ * strides; issued after the CTA's state loads, which are then in flight). */
 template <typename I>
 __device__ __forceinline__ void stage_window(const gdn__layer_params &p, const mixer_channels &mc, I *raw, int64_t r)
 {
@@ -99,16 +187,16 @@ template <typename W> __device__ __forceinline__ float conv_param(const void *ba
  * tokens, into the prepared rows (k^ and q^ before their norms, v final). The caller syncs. */
 template <typename I>
 __device__ __forceinline__ void conv_pass(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
-                                          const mixer_sequence &seq, int T, shared_tokens &s)
+                                          const char *weights_sh, const char *bias_sh, const mixer_sequence &seq, int T,
+                                          shared_tokens &s)
 {
     const gdn__mixer_params &m = p.mixer;
     const int W = m.conv_width, K = mc.K;
     for (int c = threadIdx.x; c < mc.width; c += blockDim.x) {
-        const int64_t ch = mc.global(c);
         float w[GDN__MAX_CONV_WIDTH];
 #pragma unroll
-        for (int j = 0; j < GDN__MAX_CONV_WIDTH; j++) w[j] = j < W ? conv_param<void>(m.conv_weight, m.conv_weight_dtype, ch * W + j) : 0.0f;
-        const float bias = m.conv_bias ? conv_param<void>(m.conv_bias, m.conv_weight_dtype, ch) : 0.0f;
+        for (int j = 0; j < GDN__MAX_CONV_WIDTH; j++) w[j] = j < W ? conv_param<void>(weights_sh, m.conv_weight_dtype, (int64_t)c * W + j) : 0.0f;
+        const float bias = m.conv_bias ? conv_param<void>(bias_sh, m.conv_weight_dtype, c) : 0.0f;
         const auto conv_at = [&](int logical) { /* the conv output of the token at this logical position */
             float acc = bias;
 #pragma unroll
@@ -218,22 +306,24 @@ __device__ __forceinline__ bool arrive_last(uint32_t *count, uint32_t expected)
     return last;
 }
 
-/* The gated RMSNorm of head h of row i, by the head's last CTA: y = o rsqrt(mean_V(o^2) + eps) w
- * silu(z) for each of the T tokens, from the fp32 o every CTA of the head left in the scratch
- * (visible: each wrote, fenced, then counted in; read through L2). */
-template <typename I, typename O>
-__device__ __forceinline__ void finish_norm(const gdn__layer_params &p, int64_t i, int h, int T, O *out, int64_t out_base)
+/* The gated RMSNorm of head h of row i: y = o rsqrt(mean_V(o^2) + eps) w silu(z) for each of the T
+ * tokens, with z and w staged in shared memory. o is token t's [V] at o + t * o_token_stride: the
+ * CTA's own shared copy when it holds the whole head, else the fp32 scratch every CTA of the head
+ * left (each wrote, fenced, then counted in; read through L2 by the head's last CTA). */
+template <typename I, typename O, bool FROM_SCRATCH>
+__device__ __forceinline__ void finish_norm(const gdn__layer_params &p, int64_t i, int h, int T, const float *o,
+                                            int64_t o_token_stride, const I *z_sh, const float *norm_w_sh, O *out,
+                                            int64_t out_base)
 {
     __shared__ float partial[32];
     const gdn__mixer_params &m = p.mixer;
     const int V = p.V, warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float eps = m.norm_eps > 0.0f ? m.norm_eps : 1e-6f;
-    const I *z = static_cast<const I *>(m.z);
     for (int t = 0; t < T; t++) {
-        const float *o = m.norm_scratch + ((i * T + t) * p.HV + h) * (int64_t)V;
+        const float *ot = o + t * o_token_stride;
         float ss = 0.0f;
         for (int c = threadIdx.x; c < V; c += blockDim.x) {
-            const float x = __ldcg(o + c);
+            const float x = FROM_SCRATCH ? __ldcg(ot + c) : ot[c];
             ss = fmaf(x, x, ss);
         }
         ss = group_sum<32>(ss);
@@ -243,11 +333,10 @@ __device__ __forceinline__ void finish_norm(const gdn__layer_params &p, int64_t 
         for (int n = 0; n < warps; n++) total += partial[n];
         __syncthreads(); /* partial is reused by the next token */
         const float scale = rsqrtf(total / (float)V + eps);
-        const int64_t z_at = gdn__at(m.z_strides, i, t, h);
         for (int c = threadIdx.x; c < V; c += blockDim.x) {
-            const float zc = gdn__to_f32(z[z_at + c]);
-            const float y = __ldcg(o + c) * scale * m.norm_weight[c] * (zc / (1.0f + expf(-zc)));
-            out[out_base + t * p.out_strides.token + c] = gdn__from_f32<O>(y);
+            const float zc = gdn__to_f32(z_sh[(size_t)t * V + c]);
+            const float x = FROM_SCRATCH ? __ldcg(ot + c) : ot[c];
+            out[out_base + t * p.out_strides.token + c] = gdn__from_f32<O>(x * scale * norm_w_sh[c] * (zc / (1.0f + expf(-zc))));
         }
     }
 }
