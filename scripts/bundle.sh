@@ -3,12 +3,15 @@
 # that runs on a GPU host that has the CUDA driver but neither Criterion nor jemalloc installed:
 #
 #   scripts/bundle.sh [BUILD_DIR] [OUT_DIR]      (defaults: build-gpu, gpu-bundle)
-#   GDN_BUNDLE_GPU_ONLY=1 scripts/bundle.sh ...  (only the GPU suites, the bench, the example and gdn-soak)
+#   GDN_BUNDLE_GPU_ONLY=1 scripts/bundle.sh ...  (only the GPU suites, the bench, the examples and gdn-soak)
 #   LD_LIBRARY_PATH=OUT_DIR OUT_DIR/test_gpu_kernels
 #   OUT_DIR/run-tests.sh                          (runs every test binary, exit status = failures)
 #
 # System libraries that every Linux host has (libc, libm, libpthread, libdl, librt, the loader,
-# libstdc++, libgcc_s) stay behind: copying them can break on a host with a different glibc.
+# libstdc++, libgcc_s) stay behind: copying them can break on a host with a different glibc. So do
+# cuBLAS and cuBLASLt (gdn-model-loop's GEMMs; ~600 MB, far past what the archive may weigh): the GPU
+# host has them with its CUDA toolkit, and gdn-model-loop finds them through its rpath to the build's
+# toolkit lib64 (/usr/local/cuda/lib64), or LD_LIBRARY_PATH=OUT_DIR:/path/to/cuda/lib64 elsewhere.
 set -euo pipefail
 build=${1:-build-gpu}
 out=${2:-gpu-bundle}
@@ -20,7 +23,8 @@ rm -rf "$out"
 mkdir -p "$out"
 
 binaries=()
-for f in "$build"/tests/test_* "$build"/tests/gdn-soak "$build"/bench/gdn-bench "$build"/examples/gdn-serving-loop; do
+for f in "$build"/tests/test_* "$build"/tests/gdn-soak "$build"/bench/gdn-bench "$build"/examples/gdn-serving-loop \
+         "$build"/examples/gdn-model-loop; do
     # GDN_BUNDLE_GPU_ONLY=1: leave out the CPU-only suites (CI runs them), to keep the archive small.
     [ "${GDN_BUNDLE_GPU_ONLY:-0}" = 1 ] && [[ "$(basename "$f")" == test_* ]] && [[ "$(basename "$f")" != test_gpu_* ]] && continue
     [ -f "$f" ] && [ -x "$f" ] && binaries+=("$f")
@@ -29,7 +33,7 @@ done
 cp "${binaries[@]}" "$out"/
 cp -P "$build"/libgdn.so* "$out"/ 2>/dev/null || true
 
-skip='^(libc|libm|libpthread|libdl|librt|ld-linux.*|libstdc\+\+|libgcc_s|linux-vdso)\.so'
+skip='^(libc|libm|libpthread|libdl|librt|ld-linux.*|libstdc\+\+|libgcc_s|linux-vdso|libcublas|libcublasLt)\.so'
 for f in "${binaries[@]}"; do
     ldd "$f" | awk '/=> \//{print $1, $3}' | while read -r name path; do
         [[ "$name" =~ $skip ]] && continue

@@ -2,7 +2,8 @@
 # GPU-host runs of everything that needs a GPU, from a bundle made by scripts/bundle.sh: every test
 # suite, compute-sanitizer memcheck, racecheck, initcheck and synccheck on the GPU suites (in
 # parallel: the suites are mostly CPU-bound by the float64 reference), the serving-loop example
-# with both strategies, and the engine and strategies benches (alone, for clean timings). Logs go to OUT_DIR; a summary is printed.
+# with both strategies, the model-loop example on the CUDA backend, and the engine and strategies
+# benches (alone, for clean timings). Logs go to OUT_DIR; a summary is printed.
 #
 #   scripts/gpu_verify.sh [BUNDLE_DIR] [OUT_DIR]     (defaults: gpu-bundle, $OUT or gpu-verify-out)
 #   GDN_VERIFY_PART: all (default), or one of three parts that each fit a 10-minute call on a
@@ -92,6 +93,13 @@ if want tests; then
     echo "== example (default: fold strategy, f32 state): $(tail -1 "$out/example.log")"
     "$bundle/gdn-serving-loop" --verify cache --state bf16 > "$out/example_cache.log" 2>&1
     echo "== example, cache strategy, bf16 state: $(tail -1 "$out/example_cache.log")"
+    # The model loop on the CUDA backend (cuBLAS from the host's toolkit: its rpath, else CUDA_HOME);
+    # exit 3 = the library has no CUDA mixer kernel yet (the ring strategy never has one).
+    for v in cache fold; do
+        LD_LIBRARY_PATH="$LD_LIBRARY_PATH:${CUDA_HOME:-/usr/local/cuda}/lib64" "$bundle/gdn-model-loop" --backend cuda \
+            --verify $v > "$out/model_loop_$v.log" 2>&1
+        echo "== model-loop example, CUDA backend, $v strategy (exit $?; 3: no CUDA mixer): $(tail -1 "$out/model_loop_$v.log")"
+    done
 fi
 if want racecheck && [ "${GDN_VERIFY_BENCH:-1}" = 1 ]; then
     "$bundle/gdn-bench" --engine --state bf16 --max-batch 256 --tokens 1,2,4 --json "$out/engine_bf16.json" \
