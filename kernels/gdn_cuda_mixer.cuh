@@ -176,7 +176,8 @@ __device__ __forceinline__ void stage_conv_row(const mixer_channels &mc, I *raw_
     if (mc.rows == 1 && lane == 0) rv[0] = sv[0];
 }
 
-template <typename W> __device__ __forceinline__ float conv_param(const void *base, gdn_dtype dtype, int64_t at)
+/* Element `at` of a conv weight or bias array (F32 or BF16), widened. */
+__device__ __forceinline__ float conv_param(const void *base, gdn_dtype dtype, int64_t at)
 {
     return dtype == GDN_DTYPE_F32 ? static_cast<const float *>(base)[at]
                                   : gdn__to_f32(static_cast<const __nv_bfloat16 *>(base)[at]);
@@ -195,8 +196,8 @@ __device__ __forceinline__ void conv_pass(const gdn__layer_params &p, const mixe
     for (int c = threadIdx.x; c < mc.width; c += blockDim.x) {
         float w[GDN__MAX_CONV_WIDTH];
 #pragma unroll
-        for (int j = 0; j < GDN__MAX_CONV_WIDTH; j++) w[j] = j < W ? conv_param<void>(weights_sh, m.conv_weight_dtype, (int64_t)c * W + j) : 0.0f;
-        const float bias = m.conv_bias ? conv_param<void>(bias_sh, m.conv_weight_dtype, c) : 0.0f;
+        for (int j = 0; j < GDN__MAX_CONV_WIDTH; j++) w[j] = j < W ? conv_param(weights_sh, m.conv_weight_dtype, (int64_t)c * W + j) : 0.0f;
+        const float bias = m.conv_bias ? conv_param(bias_sh, m.conv_weight_dtype, c) : 0.0f;
         const auto conv_at = [&](int logical) { /* the conv output of the token at this logical position */
             float acc = bias;
 #pragma unroll
