@@ -313,7 +313,7 @@ gdn_status gdn_engine_config_validate(const gdn_engine_config *c)
     if (c->graph_mode != GDN_GRAPHS_LAZY && c->graph_mode != GDN_GRAPHS_AT_CREATE && c->graph_mode != GDN_GRAPHS_OFF)
         return GDN_ECONFIG_GRAPHS;
     const gdn_mixer_config *mx = &c->mixer;
-    if (mx->conv_width != 0 && (mx->conv_width < 2 || mx->conv_width > 4)) return GDN_ECONFIG_MIXER;
+    if (mx->conv_width != 0 && (mx->conv_width < 2 || mx->conv_width > GDN__MAX_CONV_WIDTH)) return GDN_ECONFIG_MIXER;
     if (mx->conv_weight_dtype != GDN_DTYPE_F32 && mx->conv_weight_dtype != GDN_DTYPE_BF16) return GDN_ECONFIG_MIXER;
     if (!isfinite(mx->norm_eps) || mx->norm_eps < 0.0f) return GDN_ECONFIG_MIXER;
     if (mx->conv_width > 0 && gdn__conv_dim(m) > INT32_MAX / 4) return GDN_ECONFIG_MIXER;

@@ -373,10 +373,8 @@ gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
     const int clears = resolved.verify_strategy == GDN_VERIFY_FOLD || resolved.verify_strategy == GDN_VERIFY_RING;
     const size_t staged_values = 2 * (size_t)resolved.max_batch + (clears ? (size_t)resolved.num_slots : 0);
     status = create_backend(&resolved, staged_values * sizeof(int32_t), &e->backend);
-    /* The CUDA backend's fused mixer kernel runs the cache and fold strategies with K = 128 (the op
-     * layer refuses the rest the same way). */
     if (status == GDN_OK && gdn__config_mixer_on(&resolved) && e->backend.iface->kind == GDN_BACKEND_CUDA &&
-        (resolved.verify_strategy == GDN_VERIFY_RING || resolved.model.head_dim_k != 128))
+        !gdn__cuda_mixer_runs(resolved.verify_strategy, resolved.model.head_dim_k))
         status = GDN_ENOTSUP;
     if (status == GDN_OK) status = allocate_everything(e);
     if (status == GDN_OK) /* the zero fills, enqueued on the backend's own stream */

@@ -42,6 +42,11 @@ gdn_status gdn__op_check_description(const gdn_op_layer *op)
     return gdn_engine_config_validate(&c);
 }
 
+int gdn__cuda_mixer_runs(gdn_verify_strategy strategy, int32_t head_dim_k)
+{
+    return strategy != GDN_VERIFY_RING && head_dim_k == 128;
+}
+
 /* The mixer's conv width (0: no conv) and conv_dim. */
 static int32_t conv_width_of(const gdn_op_layer *op) { return op->mixer ? op->mixer->conv_width : 0; }
 static int64_t conv_dim_of(const gdn_op_layer *op)
@@ -420,7 +425,7 @@ static gdn_status check_mixer(const gdn_op_layer *op)
 {
     const gdn_mixer *m = op->mixer;
     if (!m) return GDN_OK;
-    if (m->conv_width != 0 && (m->conv_width < 2 || m->conv_width > 4)) return GDN_EINVAL;
+    if (m->conv_width != 0 && (m->conv_width < 2 || m->conv_width > GDN__MAX_CONV_WIDTH)) return GDN_EINVAL;
     if (m->conv_width > 0) {
         if (!m->conv_weight || !m->conv.data) return GDN_EINVAL;
         if (m->conv_weight_dtype != GDN_DTYPE_F32 && m->conv_weight_dtype != GDN_DTYPE_BF16) return GDN_EINVAL;
@@ -466,8 +471,8 @@ static gdn_status check_step(const gdn_op_layer *op, gdn__op_stack *s)
         !op->o.data || !op->A_log || !op->dt_bias || !op->read_slots)
         return GDN_EINVAL;
     if (op->mixer && op->mixer->norm_weight && !op->z.data) return GDN_EINVAL;
-    if (op->mixer && op->backend == GDN_BACKEND_CUDA && (op->strategy == GDN_VERIFY_RING || op->model.head_dim_k != 128))
-        return GDN_ENOTSUP; /* the fused CUDA kernel: cache and fold strategies, K = 128 */
+    if (op->mixer && op->backend == GDN_BACKEND_CUDA && !gdn__cuda_mixer_runs(op->strategy, op->model.head_dim_k))
+        return GDN_ENOTSUP;
     if ((op->token_counts || op->parents) && op->backend == GDN_BACKEND_CUDA)
         return GDN_ENOTSUP; /* per-row counts and token trees: CPU reference only, so far */
     if ((op->token_counts || op->parents) && op->mixer)

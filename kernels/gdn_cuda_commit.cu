@@ -23,7 +23,6 @@
 
 #define GDN__COMMIT_THREADS 256
 #define GDN__COMMIT_VECS 4 /* vectors per thread */
-#define GDN__MAX_WINDOW_ROWS 3 /* W - 1 for the widest conv */
 
 /* Copies `count` units of type U per (layer, row); U is int4 (16 bytes), unsigned or unsigned short. */
 template <typename U>
@@ -120,16 +119,16 @@ __global__ void __launch_bounds__(GDN__WINDOW_THREADS) commit_windows_kernel(con
     unsigned short *state = static_cast<unsigned short *>(p.conv_state) + l * p.conv_layer_stride + c * p.conv_channel_stride;
     const unsigned short *x = static_cast<const unsigned short *>(p.x_store) + l * p.x_store_layer_stride +
                               i * p.x_store_tokens * (int64_t)p.conv_dim + c;
-    unsigned short seq[GDN__MAX_WINDOW_ROWS];
+    unsigned short seq[GDN__MAX_CONV_WIDTH - 1];
     /* position rows + t of [window; x] is x token t; the last `rows` positions start at n */
 #pragma unroll
-    for (int j = 0; j < GDN__MAX_WINDOW_ROWS; j++) {
+    for (int j = 0; j < GDN__MAX_CONV_WIDTH - 1; j++) {
         if (j >= rows) break;
         const int at = n + j;
         seq[j] = at < rows ? state[r * p.conv_slot_stride + at * p.conv_token_stride] : x[(int64_t)(at - rows) * p.conv_dim];
     }
 #pragma unroll
-    for (int j = 0; j < GDN__MAX_WINDOW_ROWS; j++) {
+    for (int j = 0; j < GDN__MAX_CONV_WIDTH - 1; j++) {
         if (j >= rows) break;
         state[w * p.conv_slot_stride + j * p.conv_token_stride] = seq[j];
     }
@@ -152,7 +151,7 @@ extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream
     if (!p) return GDN_EINVAL;
     if (p->state_dtype != GDN_DTYPE_F32 && p->state_dtype != GDN_DTYPE_BF16) return GDN_ENOTSUP;
     const bool windows = p->conv_width > 0 && !p->pending && !p->ring_count; /* fold: the next kernel moves them */
-    if (windows && (p->conv_width < 2 || p->conv_width > GDN__MAX_WINDOW_ROWS + 1)) return GDN_ENOTSUP;
+    if (windows && (p->conv_width < 2 || p->conv_width > GDN__MAX_CONV_WIDTH)) return GDN_ENOTSUP;
     if (windows && (!p->conv_state || !p->x_store || p->conv_dim < 1)) return GDN_EINVAL;
     if (p->token_counts || p->parents || p->accepted_nodes) return GDN_ENOTSUP; /* counts, trees (SPEC 3): CPU only, so far */
     if (p->B < 0 || p->B > 65535 || p->num_layers < 0 || p->num_layers > 65535) return GDN_ENOTSUP;

@@ -40,7 +40,7 @@ static gdn_status check_mixer(const gdn__layer_params *p)
     if (!gdn__aligned(m->conv_weight, 4) || !gdn__aligned(m->conv_bias, 4)) return GDN_ENOTSUP; /* 4-byte copies */
     if (p->cache && !m->x_store) return GDN_EINVAL; /* the commit's window needs the verify's x */
     if (p->T > 0 && (!m->x || !gdn__aligned(m->x, 16) || m->x_strides.row % 8 != 0 || m->x_strides.token % 8 != 0))
-        return p->T > 0 && !m->x ? GDN_EINVAL : GDN_ENOTSUP; /* x's rows in 16-byte pieces */
+        return !m->x ? GDN_EINVAL : GDN_ENOTSUP; /* x's rows in 16-byte pieces */
     return GDN_OK;
 }
 

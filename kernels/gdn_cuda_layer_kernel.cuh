@@ -39,8 +39,10 @@
  *
  * Template parameters: K (64, 128, 256), state storage S (float, bf16), input storage I (bf16, fp16),
  * output storage O (bf16, float), REGS (state values a thread holds), ONE_TOKEN, FOLD (the fold
- * verify strategy: the slot's pending tokens are folded first, without outputs). V, T, HK, HV and the
- * cache flag are runtime values. With FOLD false every fold branch is a compile-time constant.
+ * verify strategy: the slot's pending tokens are folded first, without outputs), MIXER (the whole
+ * mixer step, SPEC 6: gdn_cuda_mixer.cuh; its conv and norm each switch on at run time). V, T, HK,
+ * HV and the cache flag are runtime values. With FOLD or MIXER false their branches are compile-time
+ * constants.
  */
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
@@ -135,15 +137,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
     const int64_t out_base = gdn__at(p.out_strides, i, 0, h); /* (i, t = 0, h, row 0) */
 
     if (r < 0 || out_of_range) {
-        if (p.overlap_preceding) gdn__wait_preceding(); /* the preceding kernel may still read the output */
-        gdn__allow_dependents();
-        if (out_of_range && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
-        if (glane == 0)
-            for (int t = 0; t < T; t++)
-                for (int set = 0; set < sets; set++)
-#pragma unroll
-                    for (int rt = 0; rt < RT; rt++)
-                        out[out_base + t * out_token_stride + row0 + set * tile_rows + rt * G] = gdn__from_f32<O>(0.0f);
+        zero_padding_row<O, Geo>(p, out_of_range, out, out_base, T, row0, sets, tile_rows, glane);
         return;
     }
 

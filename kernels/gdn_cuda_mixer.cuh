@@ -21,9 +21,6 @@
 #include "cuda_common.cuh"
 #include "gdn_cuda_prepare.cuh"
 
-/* The largest conv width: a channel's taps sit in registers. */
-#define GDN__MAX_CONV_WIDTH 4
-
 /* A CTA's conv channels: local channel c < K is q[c] of key head kh, K <= c < 2 K is k[c - K], and
  * 2 K <= c < 2 K + rows is v of the CTA's row c - 2 K. A raw row (one position of the sequence)
  * holds them padded to 8 elements, so that every row starts 16-byte aligned. */
@@ -227,30 +224,13 @@ __device__ __forceinline__ void normalise_token(const gdn__layer_params &p, shar
 {
     constexpr int KPL = K / 32;
     float *krow = s.khat + (size_t)j * K, *qrow = s.qhat + (size_t)t * K;
-    float kx[KPL], qx[KPL], kk = 0.0f, qq = 0.0f, kq = 0.0f;
+    float kx[KPL], qx[KPL];
 #pragma unroll
     for (int e = 0; e < KPL; e++) {
         kx[e] = krow[lane * KPL + e];
-        kk = fmaf(kx[e], kx[e], kk);
-        if (WITH_Q) {
-            qx[e] = qrow[lane * KPL + e];
-            qq = fmaf(qx[e], qx[e], qq);
-            kq = fmaf(kx[e], qx[e], kq);
-        }
+        if (WITH_Q) qx[e] = qrow[lane * KPL + e];
     }
-    kk = group_sum<32>(kk);
-    if (WITH_Q) {
-        qq = group_sum<32>(qq);
-        kq = group_sum<32>(kq);
-    }
-    float rk, rq;
-    norm_scales(p, kk, qq, rk, rq);
-#pragma unroll
-    for (int e = 0; e < KPL; e++) {
-        krow[lane * KPL + e] = kx[e] * rk;
-        if (WITH_Q) qrow[lane * KPL + e] = qx[e] * rq;
-    }
-    if (WITH_Q && lane == 0) s.kq[t] = kq * rk * rq;
+    store_normalised<K, WITH_Q>(p, s, kx, qx, krow, qrow, t, lane);
 }
 
 /* Slot w's window for local channels [c0, c1): the last W - 1 positions of the logical sequence of

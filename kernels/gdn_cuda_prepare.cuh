@@ -60,27 +60,13 @@ __device__ __forceinline__ void stage_token(shared_tokens &s, int j, int t, cons
     if (tile_rows == 1 && lane == 0) raw_v[0] = v[0];
 }
 
-/* Pass 2 for token j (its copies waited for and visible to the warp): k^, q^ (each norm one warp
- * reduction), v in fp32, k^.q^. Every lane reads its raw values before any lane overwrites them. */
-template <int K, typename I, bool WITH_Q>
-__device__ __forceinline__ void prepare_token(const gdn__layer_params &p, shared_tokens &s, int j, int t, int tile_rows,
-                                              int lane)
+/* One token's k (and q) held by a warp, K / 32 values per lane: k^ (and q^, each norm one warp
+ * reduction) into its prepared rows, and k^.q^ into s.kq[t]. */
+template <int K, bool WITH_Q>
+__device__ __forceinline__ void store_normalised(const gdn__layer_params &p, shared_tokens &s, const float (&kx)[K / 32],
+                                                 const float (&qx)[K / 32], float *krow, float *qrow, int t, int lane)
 {
-    constexpr int KPL = K / 32; /* elements of k and q per lane */
-    float *krow = s.khat + (size_t)j * K, *qrow = s.qhat + (size_t)t * K, *vrow = s.v + (size_t)j * tile_rows;
-    float kx[KPL], qx[KPL];
-#pragma unroll
-    for (int e = 0; e < KPL; e++) {
-        kx[e] = gdn__to_f32(raw_row<K, I>(krow)[lane * KPL + e]);
-        if (WITH_Q) qx[e] = gdn__to_f32(raw_row<K, I>(qrow)[lane * KPL + e]);
-    }
-    constexpr int VPL = GDN__MAX_HEAD_DIM / 32; /* rows of v per lane, at most */
-    float vx[VPL];
-    const I *raw_v = reinterpret_cast<const I *>(vrow) + tile_rows;
-#pragma unroll
-    for (int c = 0; c < VPL; c++)
-        if (lane + c * 32 < tile_rows) vx[c] = gdn__to_f32(raw_v[lane + c * 32]);
-    __syncwarp();
+    constexpr int KPL = K / 32;
     float kk = 0.0f, qq = 0.0f, kq = 0.0f;
 #pragma unroll
     for (int e = 0; e < KPL; e++) {
@@ -102,10 +88,34 @@ __device__ __forceinline__ void prepare_token(const gdn__layer_params &p, shared
         krow[lane * KPL + e] = kx[e] * rk;
         if (WITH_Q) qrow[lane * KPL + e] = qx[e] * rq;
     }
+    if (WITH_Q && lane == 0) s.kq[t] = kq * rk * rq;
+}
+
+/* Pass 2 for token j (its copies waited for and visible to the warp): k^, q^, v in fp32, k^.q^.
+ * Every lane reads its raw values before any lane overwrites them. */
+template <int K, typename I, bool WITH_Q>
+__device__ __forceinline__ void prepare_token(const gdn__layer_params &p, shared_tokens &s, int j, int t, int tile_rows,
+                                              int lane)
+{
+    constexpr int KPL = K / 32; /* elements of k and q per lane */
+    float *krow = s.khat + (size_t)j * K, *qrow = s.qhat + (size_t)t * K, *vrow = s.v + (size_t)j * tile_rows;
+    float kx[KPL], qx[KPL];
+#pragma unroll
+    for (int e = 0; e < KPL; e++) {
+        kx[e] = gdn__to_f32(raw_row<K, I>(krow)[lane * KPL + e]);
+        if (WITH_Q) qx[e] = gdn__to_f32(raw_row<K, I>(qrow)[lane * KPL + e]);
+    }
+    constexpr int VPL = GDN__MAX_HEAD_DIM / 32; /* rows of v per lane, at most */
+    float vx[VPL];
+    const I *raw_v = reinterpret_cast<const I *>(vrow) + tile_rows;
+#pragma unroll
+    for (int c = 0; c < VPL; c++)
+        if (lane + c * 32 < tile_rows) vx[c] = gdn__to_f32(raw_v[lane + c * 32]);
+    __syncwarp();
+    store_normalised<K, WITH_Q>(p, s, kx, qx, krow, qrow, t, lane);
 #pragma unroll
     for (int c = 0; c < VPL; c++)
         if (lane + c * 32 < tile_rows) vrow[lane + c * 32] = vx[c];
-    if (WITH_Q && lane == 0) s.kq[t] = kq * rk * rq;
 }
 
 /* One token as a thread uses it: its slices of k^ and q^, v of its rows, g, beta, k^.q^. */

@@ -149,15 +149,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     O *out = static_cast<O *>(p.out);
     const int64_t out_token_stride = p.out_strides.token, out_base = gdn__at(p.out_strides, i, 0, head);
     if (r < 0 || out_of_range) {
-        if (p.overlap_preceding) gdn__wait_preceding(); /* the preceding kernel may still read the output */
-        gdn__allow_dependents();
-        if (out_of_range && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
-        if (glane == 0)
-            for (int t = 0; t < T; t++)
-                for (int pass = 0; pass < passes; pass++)
-#pragma unroll
-                    for (int rt = 0; rt < RT; rt++)
-                        out[out_base + t * out_token_stride + row0 + pass * pass_rows + rt * G] = gdn__from_f32<O>(0.0f);
+        zero_padding_row<O, Geo>(p, out_of_range, out, out_base, T, row0, passes, pass_rows, glane);
         return;
     }
 

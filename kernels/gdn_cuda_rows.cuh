@@ -70,6 +70,25 @@ __device__ __forceinline__ void norm_scales(const gdn__layer_params &p, float kk
     rq = p.scale * (p.use_qk_l2norm ? rsqrtf(qq + 1e-6f) : 1.0f);
 }
 
+/* A row whose read slot is padding (< 0) or whose slots cannot be used (out_of_range: the flag is
+ * raised): the thread's output rows of its head are zero for every token, nothing else is touched.
+ * The thread's rows: row0 + b * block_rows + rt * G for b < blocks (row sets, or the ring's passes).
+ * With overlap, the zeros wait for the preceding kernel, which may still read the output. */
+template <typename O, typename Geo>
+__device__ __forceinline__ void zero_padding_row(const gdn__layer_params &p, bool out_of_range, O *out, int64_t out_base,
+                                                 int T, int row0, int blocks, int block_rows, int glane)
+{
+    if (p.overlap_preceding) gdn__wait_preceding();
+    gdn__allow_dependents();
+    if (out_of_range && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
+    if (glane == 0)
+        for (int t = 0; t < T; t++)
+            for (int b = 0; b < blocks; b++)
+#pragma unroll
+                for (int rt = 0; rt < Geo::RT; rt++)
+                    out[out_base + t * p.out_strides.token + row0 + b * block_rows + rt * Geo::G] = gdn__from_f32<O>(0.0f);
+}
+
 /* Loads the thread's state rows of a head's [V, K] block at src into fp32 registers: RT * NV
  * independent 16-byte loads, evict-first (a step reads the state once), all issued before any use. */
 template <int K, typename S, typename Geo>

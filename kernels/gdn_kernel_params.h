@@ -98,6 +98,9 @@ static inline GDN__HOST_DEVICE gdn__strides gdn__dense(int32_t T, int32_t H, int
  *     conv from the slot's window and advances it; a verify stores the window after the fold;
  *   ring: the window is the checkpoint's (written only at write-backs, advanced by the records'
  *     x); records hold raw x, a and u (gdn__mixer_record_bytes). */
+/* The widest causal conv (SPEC 6: W in 2..4): its W - 1 window rows bound every per-channel buffer. */
+#define GDN__MAX_CONV_WIDTH 4
+
 typedef struct gdn__mixer_params {
     int32_t conv_width;          /* W in 2..4; 0: no conv */
     int32_t conv_dim;            /* 2 HK K + HV V */

@@ -177,6 +177,15 @@ static double value_at(const void *base, gdn_dtype dtype, int64_t e)
     return dtype == GDN_DTYPE_F32 ? (double)((const float *)base)[e] : (double)gdn__bf16_to_f32(((const uint16_t *)base)[e]);
 }
 
+/* How far a GPU output is from the CPU's, as a share of SPEC 4's output tolerance: both are rounded
+ * to the output dtype, so one of its ulps (bf16) is allowed beside the tolerance. */
+static double out_error(double got, double want, gdn_dtype out_dtype, const gdn__tolerance *tol)
+{
+    const double ulp = out_dtype == GDN_DTYPE_BF16 && want != 0.0 ? ldexp(1.0, ilogb(want) - 7) : 0.0;
+    const double off = fabs(got - want) > ulp ? fabs(got - want) - ulp : 0.0;
+    return off / (tol->out_abs + tol->out_rel * fabs(want));
+}
+
 /* Output element (i, t, h, d) in the padded output. */
 static int64_t out_at(const gm_shape *g, int32_t i, int32_t t, int32_t h, int32_t d)
 {
@@ -323,10 +332,7 @@ static void run_step(gm_run *run, int step)
                         continue;
                     }
                     cr_assert(isfinite(got), "step %d: row %d token %d head %d [%d] not written (%g)", step, i, t, h, d, got);
-                    /* both outputs are rounded to the output dtype: one of its ulps beside the tolerance */
-                    const double ulp = c->out_dtype == GDN_DTYPE_BF16 && want != 0.0 ? ldexp(1.0, ilogb(want) - 7) : 0.0;
-                    const double off = fabs(got - want) > ulp ? fabs(got - want) - ulp : 0.0;
-                    const double ratio = off / (run->tol.out_abs + run->tol.out_rel * fabs(want));
+                    const double ratio = out_error(got, want, c->out_dtype, &run->tol);
                     cr_assert(ratio <= 1.0, "step %d (%s T=%d): row %d token %d head %d [%d]: gpu %.6g, reference %.6g",
                               step, verify ? "verify" : "decode", T, i, t, h, d, got, want);
                 }
@@ -555,9 +561,7 @@ static void run_engine_twins(gdn_verify_strategy strategy, gdn_dtype state_dtype
                     cr_assert(got == 0.0, "step %d layer %d: padding row output %g", step, l, got);
                     continue;
                 }
-                const double ulp = want != 0.0 ? ldexp(1.0, ilogb(want) - 7) : 0.0;
-                const double off = fabs(got - want) > ulp ? fabs(got - want) - ulp : 0.0;
-                cr_assert(isfinite(got) && off <= tol.out_abs + tol.out_rel * fabs(want),
+                cr_assert(isfinite(got) && out_error(got, want, GDN_DTYPE_BF16, &tol) <= 1.0,
                           "step %d (%s T=%d) layer %d output [%zu]: gpu %.6g, cpu %.6g", step, verify ? "verify" : "decode", T,
                           l, j, got, want);
             }

@@ -642,7 +642,7 @@ static void advance_windows(const gdn__commit_params *p, int32_t i, int64_t r, i
     for (int32_t l = 0; l < p->num_layers; l++) {
         const int64_t state_at = l * p->conv_layer_stride, x_at = l * p->x_store_layer_stride + (int64_t)i * p->x_store_tokens * C;
         for (int32_t c = 0; c < C; c++) {
-            float seq[GDN_MAX_TOKENS + 3]; /* [window of r; x_0..x_{n-1}] of channel c */
+            float seq[GDN_MAX_TOKENS + GDN__MAX_CONV_WIDTH - 1]; /* [window of r; x_0..x_{n-1}] of channel c */
             for (int32_t j = 0; j < rows; j++)
                 seq[j] = gdn__load_f32(p->conv_state, p->input_dtype, state_at + r * p->conv_slot_stride + j * token + c * channel);
             for (int32_t t = 0; t < n; t++)
