@@ -75,5 +75,6 @@ int gdn_bench_fill_inputs(gdn_engine *e, const gdn_engine_config *c); /* bench_e
 int gdn_bench_engine_main(int argc, char **argv);                      /* bench_engine.c */
 int gdn_bench_strategies_main(int argc, char **argv);                  /* bench_strategies.c */
 int gdn_bench_drift_main(int argc, char **argv);                       /* bench_drift.c */
+int gdn_bench_tree_main(int argc, char **argv);                        /* bench_tree.c */
 
 #endif /* GDN_BENCH_COMMON_H */

@@ -473,8 +473,6 @@ static gdn_status check_step(const gdn_op_layer *op, gdn__op_stack *s)
     if (op->mixer && op->mixer->norm_weight && !op->z.data) return GDN_EINVAL;
     if (op->mixer && op->backend == GDN_BACKEND_CUDA && !gdn__cuda_mixer_runs(op->strategy, op->model.head_dim_k))
         return GDN_ENOTSUP;
-    if ((op->token_counts || op->parents) && op->backend == GDN_BACKEND_CUDA)
-        return GDN_ENOTSUP; /* per-row counts and token trees: CPU reference only, so far */
     if ((op->token_counts || op->parents) && op->mixer)
         return GDN_ENOTSUP; /* the reference runs the conv along each path, but no test covers it yet */
     return GDN_OK;

@@ -1,7 +1,8 @@
 /*
- * Commit of a verify step (SPEC 3.1), every layer in one launch: for each batch row i with
- * n = clamp(accepted[i], 0, T) > 0 (a count outside 0..T also raises the error flag), state_l[w] = cache_l[i, n - 1] for every layer l, a plain copy in
- * the state dtype (bit-exact with the cache). accepted[] and the slot lists are read on the device, so
+ * Commit of a verify step (SPEC 3.1), every layer in one launch: for each batch row i whose accepted
+ * path (gdn__commit_path: accepted[i] a count clamped to 0..n, or with accepted_nodes a node; with
+ * parents the node's ancestors and itself) is not empty, state_l[w] = cache_l[i, last node of the
+ * path] for every layer l, a plain copy in the state dtype (bit-exact with the cache). accepted[] and the slot lists are read on the device, so
  * the launch can sit in a CUDA graph right after the sampler: no host sync, no allocation.
  *
  * Launch geometry: blockIdx.z = layer, blockIdx.y = batch row, blockIdx.x = chunk of the slot's bytes.
@@ -9,10 +10,10 @@
  * nothing (padding, n == 0, a slot out of range) exit after reading three integers. When a pointer or
  * stride is not 16-byte aligned the same kernel runs with 4-byte (fp32) or 2-byte (bf16) elements.
  *
- * Fold strategy (p->pending != NULL): no copy, only
- * pending_l[w] = n for every layer (one thread per (row, layer)); the next kernel that touches the
- * slot folds the tokens. Ring strategy (p->ring_count != NULL): ring_count_l[w] += n for every layer
- * (the verify left the count at its records' base).
+ * Fold strategy (p->pending != NULL): no state copy, only pending_l[w] = n (the path's length) for
+ * every layer (one CTA per (row, layer)); the next kernel that touches the slot folds the tokens.
+ * Ring strategy (p->ring_count != NULL): ring_count_l[w] += n (the verify left the count at its
+ * records' base). With a tree both first move the path's stored tokens or records to the front.
  *
  * The mixer's conv under the cache strategy (conv_width > 0): a second kernel moves each committed
  * row's window in every layer, one thread a channel: the last W - 1 of [window of r; the verify's
@@ -39,15 +40,17 @@ __global__ void __launch_bounds__(GDN__COMMIT_THREADS) commit_kernel(const gdn__
         if (p.error_flag && blockIdx.x == 0 && l == 0 && threadIdx.x == 0) *p.error_flag = 1;
         return;
     }
-    int n = p.accepted[i];
-    if ((n < 0 || n > p.T) && p.error_flag && blockIdx.x == 0 && l == 0 && threadIdx.x == 0) *p.error_flag = 1;
-    n = n < 0 ? 0 : (n > p.T ? p.T : n);
-    if (n == 0) return;
+    int32_t path[GDN_MAX_TOKENS];
+    int flag = 0;
+    const int32_t n = gdn__commit_path(&p, i, path, &flag);
+    if (flag && p.error_flag && blockIdx.x == 0 && l == 0 && threadIdx.x == 0) *p.error_flag = 1;
+    if (n <= 0) return;
+    const int32_t node = p.parents ? path[n - 1] : n - 1;
 
     /* Element offsets (in state elements) converted to units of U. */
     const int64_t elem = p.state_dtype == GDN_DTYPE_F32 ? 4 : 2;
     const int64_t slot_elems = (int64_t)p.HV * p.V * p.K;
-    const int64_t src_off = l * p.cache_layer_stride + i * p.cache_row_stride + (int64_t)(n - 1) * slot_elems;
+    const int64_t src_off = l * p.cache_layer_stride + i * p.cache_row_stride + (int64_t)node * slot_elems;
     const int64_t dst_off = l * p.state_layer_stride + w * p.slot_stride;
     const U *src = reinterpret_cast<const U *>(static_cast<const char *>(p.cache) + src_off * elem);
     U *dst = reinterpret_cast<U *>(static_cast<char *>(p.state) + dst_off * elem);
@@ -79,25 +82,63 @@ template <typename U> static gdn_status launch(const gdn__commit_params *p, int6
     return GDN_OK;
 }
 
-__global__ void __launch_bounds__(128) commit_pending_kernel(const gdn__commit_params p)
+/* Fold, ring: one CTA per (row, layer). With a tree the accepted path's entries move to the front
+ * first (gdn_kernel_params.h), one entry after the other: an entry's source may be a later entry's
+ * destination, so each copy completes (barrier) before the next begins. U: the copy unit. */
+template <typename U> __global__ void __launch_bounds__(128) commit_pending_kernel(const gdn__commit_params p)
 {
     if (p.overlap_preceding) gdn__wait_preceding();
     gdn__allow_dependents();
-    const int64_t i = blockIdx.x;
+    const int64_t i = blockIdx.x, l = blockIdx.y;
     const int64_t r = p.read_slots[i];
     if (r < 0) return;
     const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
+    const bool reports = l == 0 && threadIdx.x == 0;
     if (gdn__row_slots_invalid(r, w, p.num_slots)) {
-        if (p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
+        if (p.error_flag && reports) *p.error_flag = 1;
         return;
     }
-    int n = p.accepted[i];
-    if ((n < 0 || n > p.T) && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
-    n = n < 0 ? 0 : (n > p.T ? p.T : n);
-    if (p.ring_count)
-        for (int64_t l = threadIdx.x; l < p.num_layers; l += blockDim.x) p.ring_count[l * p.counts_layer_stride + w] += n;
-    else
-        for (int64_t l = threadIdx.x; l < p.num_layers; l += blockDim.x) p.pending[l * p.counts_layer_stride + w] = n;
+    int32_t path[GDN_MAX_TOKENS];
+    int flag = 0;
+    const int32_t n = gdn__commit_path(&p, i, path, &flag);
+    if (flag && p.error_flag && reports) *p.error_flag = 1;
+    if (n < 0) return;
+    int32_t *count = (p.ring_count ? p.ring_count : p.pending) + l * p.counts_layer_stride + w;
+    if (p.parents && n > 0) {
+        const int32_t base = p.ring_count ? *count : 0; /* every thread reads it before thread 0 moves it */
+        if (base < 0 || base > p.entries_per_slot - 1 - path[n - 1]) { /* a corrupted count: this layer stays */
+            if (p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
+            return;
+        }
+        char *slot = static_cast<char *>(p.entries) + l * p.entries_layer_bytes + w * p.entry_slot_bytes;
+        const int64_t units = p.entry_bytes / (int64_t)sizeof(U);
+        for (int32_t j = 0; j < n; j++) {
+            if (path[j] == j) continue; /* uniform over the CTA */
+            const U *src = reinterpret_cast<const U *>(slot + (base + path[j]) * p.entry_bytes);
+            U *dst = reinterpret_cast<U *>(slot + (base + j) * p.entry_bytes);
+            for (int64_t c = threadIdx.x; c < units; c += blockDim.x) dst[c] = src[c];
+            __syncthreads();
+        }
+        __syncthreads(); /* every thread has read the base before thread 0 moves it */
+    }
+    if (threadIdx.x == 0) *count = p.ring_count ? *count + n : n;
+}
+
+static gdn_status commit_counts(const gdn__commit_params *p, cudaStream_t stream)
+{
+    if (!p->read_slots || !p->accepted) return GDN_EINVAL;
+    if (p->parents && (!p->entries || p->entry_bytes < 1 || p->entries_per_slot < 1)) return GDN_EINVAL;
+    const dim3 grid((unsigned)p->B, (unsigned)p->num_layers);
+    /* Every entry address is a sum of these: their common alignment picks the copy unit. */
+    const auto aligned = [&](int64_t a) {
+        return gdn__aligned(p->entries, a) && p->entry_bytes % a == 0 && p->entry_slot_bytes % a == 0 &&
+               p->entries_layer_bytes % a == 0;
+    };
+    const bool wide = !p->parents || aligned(16);
+    auto kernel = wide ? commit_pending_kernel<int4> : aligned(4) ? commit_pending_kernel<unsigned> : commit_pending_kernel<unsigned char>;
+    GDN__CUDA_TRY(gdn__launch(kernel, grid, dim3(128), 0, stream, p->overlap_preceding != 0, *p));
+    GDN__CUDA_TRY(gdn__cuda_launch_error());
+    return GDN_OK;
 }
 
 #define GDN__WINDOW_THREADS 128
@@ -111,10 +152,10 @@ __global__ void __launch_bounds__(GDN__WINDOW_THREADS) commit_windows_kernel(con
     if (r < 0) return;
     const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
     if (gdn__row_slots_invalid(r, w, p.num_slots)) return; /* flagged by the state's commit */
-    int n = p.accepted[i];
-    n = n < 0 ? 0 : (n > p.T ? p.T : n);
+    int flag = 0; /* raised by the state's commit */
+    const int32_t n = gdn__commit_path(&p, i, nullptr, &flag); /* a chain: no path is written */
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (n == 0 || c >= p.conv_dim) return;
+    if (n <= 0 || c >= p.conv_dim) return;
     const int rows = p.conv_width - 1;
     unsigned short *state = static_cast<unsigned short *>(p.conv_state) + l * p.conv_layer_stride + c * p.conv_channel_stride;
     const unsigned short *x = static_cast<const unsigned short *>(p.x_store) + l * p.x_store_layer_stride +
@@ -153,17 +194,11 @@ extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream
     const bool windows = p->conv_width > 0 && !p->pending && !p->ring_count; /* fold: the next kernel moves them */
     if (windows && (p->conv_width < 2 || p->conv_width > GDN__MAX_CONV_WIDTH)) return GDN_ENOTSUP;
     if (windows && (!p->conv_state || !p->x_store || p->conv_dim < 1)) return GDN_EINVAL;
-    if (p->token_counts || p->parents || p->accepted_nodes) return GDN_ENOTSUP; /* counts, trees (SPEC 3): CPU only, so far */
+    if (windows && p->parents) return GDN_ENOTSUP; /* the conv along a tree's path: CPU reference only */
     if (p->B < 0 || p->B > 65535 || p->num_layers < 0 || p->num_layers > 65535) return GDN_ENOTSUP;
     if (p->T < 1 || p->T > GDN_MAX_TOKENS || p->HV < 1 || p->K < 1 || p->V < 1) return GDN_EINVAL;
     if (p->B == 0 || p->num_layers == 0) return GDN_OK;
-    if (p->pending || p->ring_count) { /* fold, ring: counts only */
-        if (!p->read_slots || !p->accepted) return GDN_EINVAL;
-        GDN__CUDA_TRY(gdn__launch(commit_pending_kernel, dim3((unsigned)p->B), dim3(128), 0,
-                                  static_cast<cudaStream_t>(stream), p->overlap_preceding != 0, *p));
-        GDN__CUDA_TRY(gdn__cuda_launch_error());
-        return GDN_OK;
-    }
+    if (p->pending || p->ring_count) return commit_counts(p, static_cast<cudaStream_t>(stream)); /* fold, ring */
     if (!p->state || !p->cache || !p->read_slots || !p->accepted) return GDN_EINVAL;
     const int64_t elem = p->state_dtype == GDN_DTYPE_F32 ? 4 : 2;
     const int64_t slot_elems = (int64_t)p->HV * p->V * p->K;

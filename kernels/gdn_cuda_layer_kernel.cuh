@@ -50,6 +50,7 @@
 #include "gdn_cuda_mixer.cuh"
 #include "gdn_cuda_prepare.cuh"
 #include "gdn_cuda_rows.cuh"
+#include "gdn_cuda_tree.cuh"
 #include "gdn_cuda_update.cuh"
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -136,7 +137,16 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
     const int64_t out_token_stride = p.out_strides.token;
     const int64_t out_base = gdn__at(p.out_strides, i, 0, h); /* (i, t = 0, h, row 0) */
 
-    if (r < 0 || out_of_range) {
+    /* Per-row token counts and token trees (SPEC 3; gdn_kernel_params.h): which own tokens run. A
+     * bad count, or a decode whose token cannot run, makes the row padding. */
+    const uint32_t all_tokens = (1u << T) - 1u;
+    gdn__row_plan plan = {T, all_tokens, 0};
+    const bool planned = T > 0 && !out_of_range && r >= 0 && (p.token_counts || p.parents);
+    if (planned) {
+        plan = gdn__plan_row(p.token_counts, p.parents, T, i, nullptr);
+        if (plan.bad && p.error_flag && blockIdx.x == 0 && threadIdx.x == 0) *p.error_flag = 1;
+    }
+    if (r < 0 || out_of_range || (planned && (plan.n == 0 || (ONE_TOKEN && plan.live != all_tokens)))) {
         zero_padding_row<O, Geo>(p, out_of_range, out, out_base, T, row0, sets, tile_rows, glane);
         return;
     }
@@ -161,6 +171,10 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
                            V, sizeof(I), p.mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, norm);
     char *mixer_base = reinterpret_cast<char *>(
         smem + mixer_smem_floats<Geo, SETS>(blockDim.x, K, cta_rows, shared_tokens::capacity(FOLD, p.store_tokens, T), T));
+    /* Fold with a tree that is not a chain: the tree form (gdn_cuda_tree.cuh), its coefficients where
+     * the mixer's part would be. */
+    const bool tree_form = FOLD && !MIXER && !ONE_TOKEN && p.deferred_verify && !row_is_chain(p.parents, i, T, plan.n);
+    const tree_shared ts(reinterpret_cast<float *>(mixer_base), T, cta_rows);
     I *raw = reinterpret_cast<I *>(mixer_base + parts.raw);
     I *z_sh = reinterpret_cast<I *>(mixer_base + parts.z);
     float *norm_w_sh = reinterpret_cast<float *>(mixer_base + parts.norm_w);
@@ -261,6 +275,8 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
     const int window_length = window_rows + folds + (FOLD && p.deferred_verify ? 0 : T);
     if constexpr (SHARED) {
         if ((int)threadIdx.x < tokens) token_gate(a_raw, b_raw, A, dt_bias, s.gate[threadIdx.x], s.beta[threadIdx.x]);
+        if (tree_form && (int)threadIdx.x >= own0 && (int)threadIdx.x < tokens)
+            ts.logd[threadIdx.x - own0] = token_log_decay(a_raw, A, dt_bias);
         if (SETS > 1 && sets > 1) gdn__copy_async_wait_group<1>(); /* the tokens; the next set's state may go on */
         else gdn__copy_async_wait_all();
         if (conv) {
@@ -286,6 +302,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
             }
         }
         __syncthreads();
+        if (tree_form) tree_coefficients<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
     }
 
     /* Fold: the CTA has read pending[r] and its share of slot r's stored tokens (before the barrier
@@ -345,11 +362,32 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
 
         /* (Loading token t + 1's inputs during token t was measured slower: the extra registers
          * cost more occupancy than the hidden latency gained.) */
+        int held = -1; /* the token whose state the registers hold (-1: the row's start) */
         for (int t = 0; t < T; t++) {
-            token_values<Geo> tv;
-            if constexpr (SHARED) tv.template load_shared<true>(s, own0 + t, t, K, cta_rows, set_local_row0, glane);
-            else tv.template load_direct<K, I>(p, i, t, kh, h, set_row0, glane, A, dt_bias);
-            apply_token<Geo, true, DECAY_OUTSIDE>(st, decay, tv, o);
+            if (!((plan.live >> t) & 1u)) { /* padding token (uniform over the CTA): zero output, no state */
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) o[rt] = 0.0f;
+                if (tree_form) {
+                    if (glane == 0)
+#pragma unroll
+                        for (int rt = 0; rt < RT; rt++) ts.uown[(size_t)t * cta_rows + set_local_row0 + rt * G] = 0.0f;
+                    __syncwarp(); /* read by the group's other lanes at the next token */
+                }
+            } else {
+                token_values<Geo> tv;
+                if constexpr (SHARED) tv.template load_shared<true>(s, own0 + t, t, K, cta_rows, set_local_row0, glane);
+                else tv.template load_direct<K, I>(p, i, t, kh, h, set_row0, glane, A, dt_bias);
+                const int parent = p.parents ? p.parents[i * T + t] : t - 1;
+                if (tree_form) {
+                    tree_token<Geo>(st, decay, tv, ts, t, T, cta_rows, set_local_row0, glane, o);
+                } else {
+                    if (!FOLD && parent != held) /* cache: a branch starts from its parent's state */
+                        load_rows<K, S, Geo>(parent < 0 ? src : cache + i * p.cache_row_stride + parent * cache_token_stride + h * state_elems,
+                                             st, set_row0, glane);
+                    apply_token<Geo, true, DECAY_OUTSIDE>(st, decay, tv, o);
+                    held = t;
+                }
+            }
             if (glane == 0) {
                 if (local_norm) /* o for the norm below */
 #pragma unroll
@@ -364,7 +402,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
                     for (int rt = 0; rt < RT; rt++)
                         out[out_base + t * out_token_stride + set_row0 + rt * G] = gdn__from_f32<O>(o[rt]);
             }
-            if (cache)
+            if (cache && ((plan.live >> t) & 1u))
                 store_rows<K, S, Geo, DECAY_OUTSIDE>(
                     cache + i * p.cache_row_stride + t * cache_token_stride + h * state_elems, st, decay, set_row0, glane);
         }
@@ -448,16 +486,28 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const int capacity = shared_tokens::capacity(FOLD, p->store_tokens, T);
     const mixer_smem parts(K, cta_rows, MIXER ? p->mixer.conv_width : 0, capacity, T, p->V, sizeof(I),
                            p->mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, MIXER && p->mixer.norm_weight);
-    const size_t smem = SHARED ? staging_bytes<Geo, SETS>(warps * 32, K, cta_rows, capacity, T, MIXER, parts) : 0;
+    /* A fold verify with a tree keeps its coefficients where the mixer's part would be. */
+    constexpr bool TREE_FORM = FOLD && !MIXER && !ONE_TOKEN;
+    const auto tree_staging = [](int threads, int rows, int tokens, int capacity_) {
+        return sizeof(float) * (mixer_smem_floats<Geo, SETS>(threads, K, rows, capacity_, tokens) + tree_shared::floats(tokens, rows));
+    };
+    const size_t smem = TREE_FORM && p->parents ? tree_staging(warps * 32, cta_rows, T, capacity)
+                        : SHARED                ? staging_bytes<Geo, SETS>(warps * 32, K, cta_rows, capacity, T, MIXER, parts)
+                                                : 0;
     auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER>;
     if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per device and instance, up to the largest case */
         constexpr int most_tokens = GDN_MAX_TOKENS;
+        constexpr int most_capacity = most_tokens + most_tokens; /* shared_tokens::capacity(true, ...) */
         static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
-        const int largest = (int)staging_bytes<Geo, SETS>(
-            128, K, GDN__MAX_HEAD_DIM, shared_tokens::capacity(true, most_tokens, most_tokens), most_tokens, MIXER,
-            mixer_smem(K, GDN__MAX_HEAD_DIM, MIXER ? GDN__MAX_CONV_WIDTH : 0, shared_tokens::capacity(true, most_tokens, most_tokens),
-                       most_tokens, GDN__MAX_HEAD_DIM, sizeof(I), 4, MIXER));
-        GDN__CUDA_TRY(gdn__opt_in_shared(kernel, largest, opted_in));
+        size_t largest = staging_bytes<Geo, SETS>(
+            128, K, GDN__MAX_HEAD_DIM, most_capacity, most_tokens, MIXER,
+            mixer_smem(K, GDN__MAX_HEAD_DIM, MIXER ? GDN__MAX_CONV_WIDTH : 0, most_capacity, most_tokens, GDN__MAX_HEAD_DIM,
+                       sizeof(I), 4, MIXER));
+        if constexpr (TREE_FORM) {
+            const size_t largest_tree = tree_staging(128, GDN__MAX_HEAD_DIM, most_tokens, most_capacity);
+            if (largest_tree > largest) largest = largest_tree;
+        }
+        GDN__CUDA_TRY(gdn__opt_in_shared(kernel, (int)largest, opted_in));
     }
     GDN__CUDA_TRY(gdn__launch(kernel, grid, dim3(warps * 32), smem, stream, p->overlap_preceding != 0, *p));
     GDN__CUDA_TRY(gdn__cuda_launch_error());

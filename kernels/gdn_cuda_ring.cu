@@ -103,15 +103,6 @@ __device__ __forceinline__ void normalise_row(const uint16_t *src, float *dst, f
     for (int e = 0; e < KPL; e++) dst[lane * KPL + e] = x[e] * scale;
 }
 
-/* Dot product of two fp32 rows of K values (one warp; every lane gets the sum). */
-template <int K> __device__ __forceinline__ float warp_dot(const float *x, const float *y, int lane)
-{
-    float sum = 0.0f;
-#pragma unroll
-    for (int e = 0; e < K / 32; e++) sum = fmaf(x[lane + 32 * e], y[lane + 32 * e], sum);
-    return group_sum<32>(sum);
-}
-
 /* ---------------------------------------------------------------------------------------------- */
 /* Kernel                                                                                           */
 /* ---------------------------------------------------------------------------------------------- */
@@ -148,7 +139,16 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     const bool out_of_range = gdn__row_slots_invalid(r, w, p.num_slots);
     O *out = static_cast<O *>(p.out);
     const int64_t out_token_stride = p.out_strides.token, out_base = gdn__at(p.out_strides, i, 0, head);
-    if (r < 0 || out_of_range) {
+    /* Per-row token counts and token trees (SPEC 3; gdn_kernel_params.h): which own tokens run. A
+     * bad count, or a decode whose token cannot run, makes the row padding. */
+    const uint32_t all_tokens = (1u << T) - 1u;
+    gdn__row_plan plan = {T, all_tokens, 0};
+    const bool planned = T > 0 && !out_of_range && r >= 0 && (p.token_counts || p.parents);
+    if (planned) {
+        plan = gdn__plan_row(p.token_counts, p.parents, T, i, nullptr);
+        if (plan.bad && p.error_flag && blockIdx.x == 0 && threadIdx.x == 0) *p.error_flag = 1;
+    }
+    if (r < 0 || out_of_range || (planned && (plan.n == 0 || (ONE_TOKEN && plan.live != all_tokens)))) {
         zero_padding_row<O, Geo>(p, out_of_range, out, out_base, T, row0, passes, pass_rows, glane);
         return;
     }
@@ -234,9 +234,20 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
         if (item < E) normalise_row<K, I>(s.raw + (size_t)raw_row * K, s.khat + (size_t)item * K, 1.0f, p.use_qk_l2norm, lane);
         else normalise_row<K, I>(s.raw + (size_t)raw_row * K, s.qhat + (size_t)(item - E) * K, p.scale, p.use_qk_l2norm, lane);
     }
+    /* Own token t's parent and ancestors (a chain: t - 1 and every earlier token; padding tokens
+     * are no one's ancestors); its cumulative decay continues its parent's. */
+    __shared__ int parent_of[GDN_MAX_TOKENS];
+    __shared__ uint32_t ancestors_of[GDN_MAX_TOKENS];
     if (threadIdx.x == 0) {
         float P = 0.0f;
-        for (int m = 0; m < E; m++) P += s.logd[m], s.logd[m] = P;
+        for (int m = 0; m < h; m++) P += s.logd[m], s.logd[m] = P;
+        for (int t = 0; t < T; t++) {
+            const bool live = (plan.live >> t) & 1u;
+            const int parent = !live ? -1 : p.parents ? p.parents[i * T + t] : t - 1;
+            parent_of[t] = parent;
+            ancestors_of[t] = parent < 0 ? 0u : ancestors_of[parent] | (1u << parent);
+            s.logd[h + t] += parent < 0 ? P : s.logd[h + parent];
+        }
     }
     __syncthreads();
     /* The last entry a write-back includes: h - 1 before the own tokens (verify, flush), h with the
@@ -247,14 +258,21 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
         for (int m = threadIdx.x; m <= flushed; m += blockDim.x)
             s.flushc[m] = m < flushed ? expf(last - s.logd[m]) : expf(last);
     }
+    /* The cumulative decay at token t's parent (the records' last, or 0, for a root). */
+    const auto before_of = [&](int t) { return parent_of[t] >= 0 ? s.logd[h + parent_of[t]] : h > 0 ? s.logd[h - 1] : 0.0f; };
     if ((int)threadIdx.x < T) {
         const int t = threadIdx.x;
-        s.c0[2 * t] = h + t > 0 ? expf(s.logd[h + t - 1]) : 1.0f;
+        s.c0[2 * t] = parent_of[t] >= 0 || h > 0 ? expf(before_of(t)) : 1.0f;
         s.c0[2 * t + 1] = expf(s.logd[h + t]);
     }
     for (int t = 0; t < T; t++) {
-        const float before = h + t > 0 ? s.logd[h + t - 1] : 0.0f, after = s.logd[h + t];
+        if (!((plan.live >> t) & 1u)) continue; /* uniform: a padding token's coefficients are never read */
+        const float before = before_of(t), after = s.logd[h + t];
         for (int m = warp; m <= h + t; m += warps) {
+            if (m >= h && m < h + t && !((ancestors_of[t] >> (m - h)) & 1u)) { /* not on t's path */
+                if (lane == 0) s.cq[t * E + m] = 0.0f, s.ck[t * E + m] = 0.0f;
+                continue;
+            }
             const float dq = warp_dot<K>(s.khat + (size_t)m * K, s.qhat + (size_t)t * K, lane);
             const float dk = m < h + t ? warp_dot<K>(s.khat + (size_t)m * K, s.khat + (size_t)(h + t) * K, lane) : 0.0f;
             if (lane == 0) {
@@ -283,6 +301,18 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
 #pragma unroll
         for (int rt = 0; rt < RT; rt++) u_last[rt] = 0.0f;
         for (int t = 0; t < T; t++) {
+            if (!((plan.live >> t) & 1u)) { /* padding token (uniform): zero output and correction */
+                if (glane == 0)
+#pragma unroll
+                    for (int rt = 0; rt < RT; rt++) {
+                        const int local = pass_row0 + local_row0 + rt * G;
+                        out[out_base + t * out_token_stride + tile_row0 + local] = gdn__from_f32<O>(0.0f);
+                        if (keep) u_records[(base + t) * record_bytes / 4 + tile_row0 + local] = 0.0f;
+                        if (!ONE_TOKEN) s.uown[(size_t)t * span_rows + local] = 0.0f;
+                    }
+                if (!ONE_TOKEN) __syncwarp();
+                continue;
+            }
             /* S0.k^ and S0.q^ over the thread's columns, k^ and q^ read from shared memory a 16-byte
              * vector at a time (all rows share it), then the records' terms (lane j mod L takes record
              * j; its coefficients shared by all rows). */

@@ -20,6 +20,27 @@
  * faster; fp32 fold no faster (at 80 registers it spills), so fp32 keeps the plain update. */
 #define GDN__DECAY_FOLD_BELOW 0.00390625f /* 2^-8 */
 
+/* dk = S.k^ and (OUTPUT) dq = S.q^ over each of the thread's rows, summed over the lane group. */
+template <typename Geo, bool OUTPUT>
+__device__ __forceinline__ void row_products(const float (&st)[Geo::RT][Geo::NV][Geo::EV], const token_values<Geo> &tv,
+                                             float (&dk)[Geo::RT], float (&dq)[Geo::RT])
+{
+#pragma unroll
+    for (int rt = 0; rt < Geo::RT; rt++) {
+        float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+#pragma unroll
+            for (int e = 0; e < Geo::EV; e++) {
+                a0 = fmaf(st[rt][n][e], tv.k[n][e], a0);
+                if (OUTPUT) a1 = fmaf(st[rt][n][e], tv.q[n][e], a1);
+            }
+        dk[rt] = a0;
+        dq[rt] = a1;
+    }
+    row_sums<Geo::L, Geo::RT, OUTPUT>(dk, dq);
+}
+
 /* One token applied to the thread's rows: dk = S.k^ (and dq = S.q^ when OUTPUT) over each row, one
  * lane-group reduction each, then u = beta (v - g dk), o = g dq + u k^.q^, S = g S + u k^. With
  * DECAY_OUTSIDE (state = decay * st, G = decay * g) the same reads u = beta (v - G dk'),
@@ -28,7 +49,7 @@ template <typename Geo, bool OUTPUT, bool DECAY_OUTSIDE>
 __device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::EV], float &decay,
                                             const token_values<Geo> &tv, float (&o)[Geo::RT])
 {
-    constexpr int EV = Geo::EV, NV = Geo::NV, L = Geo::L, RT = Geo::RT;
+    constexpr int EV = Geo::EV, NV = Geo::NV, RT = Geo::RT;
     float G = tv.g;
     if constexpr (DECAY_OUTSIDE) {
         G = decay * tv.g;
@@ -43,20 +64,7 @@ __device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::E
         }
     }
     float dk[RT], dq[RT];
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++) {
-        float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll
-        for (int n = 0; n < NV; n++)
-#pragma unroll
-            for (int e = 0; e < EV; e++) {
-                a0 = fmaf(st[rt][n][e], tv.k[n][e], a0);
-                if (OUTPUT) a1 = fmaf(st[rt][n][e], tv.q[n][e], a1);
-            }
-        dk[rt] = a0;
-        dq[rt] = a1;
-    }
-    row_sums<L, RT, OUTPUT>(dk, dq);
+    row_products<Geo, OUTPUT>(st, tv, dk, dq);
     const float inverse = DECAY_OUTSIDE ? __fdividef(1.0f, G) : 0.0f; /* G >= 2^-8: no range issue */
 #pragma unroll
     for (int rt = 0; rt < RT; rt++) {

@@ -371,6 +371,58 @@ static inline GDN__HOST_DEVICE int32_t gdn__tree_path(const int32_t *parents, in
     return len;
 }
 
+/* Row i's own tokens under per-row counts and token trees (gdn__layer_params.token_counts / .parents;
+ * both NULL: n = T, every token live). n: tokens run (0: the count is outside 1..T, the row is
+ * padding); live: bit t set when token t runs (t < n, every parent on its path in -1..t-1); bad: a
+ * count or parent was out of range (the caller raises the error flag). parent[t] (when not NULL)
+ * receives each checked parent, -1 for a bad one. Host and device. */
+typedef struct gdn__row_plan {
+    int32_t n;
+    uint32_t live;
+    int32_t bad;
+} gdn__row_plan;
+
+static inline GDN__HOST_DEVICE gdn__row_plan gdn__plan_row(const int32_t *token_counts, const int32_t *parents, int32_t T,
+                                                           int64_t i, int32_t *parent)
+{
+    gdn__row_plan plan = {T, 0u, 0};
+    if (token_counts) {
+        const int32_t n = token_counts[i];
+        if (n < 1 || n > T) {
+            plan.n = 0, plan.bad = 1;
+            return plan;
+        }
+        plan.n = n;
+    }
+    for (int32_t t = 0; t < plan.n && t < GDN_MAX_TOKENS; t++) {
+        const int32_t p = parents ? parents[i * T + t] : t - 1;
+        const int ok = p >= -1 && p < t;
+        if (parent) parent[t] = ok ? p : -1;
+        if (!ok) plan.bad = 1;
+        else if (p < 0 || ((plan.live >> p) & 1u)) plan.live |= 1u << t;
+    }
+    return plan;
+}
+
+/* The accepted path of commit row i (a live row: its slots checked), root first, into path (written
+ * only with parents; a chain's path is 0..n-1): its length, or -1 when the row commits nothing
+ * because its count, its accepted node or a parent on the way is out of range. *flag becomes 1
+ * whenever a value was out of range (an accepted count is clamped into 0..n and still committed). */
+static inline GDN__HOST_DEVICE int32_t gdn__commit_path(const gdn__commit_params *p, int64_t i, int32_t *path, int *flag)
+{
+    const int32_t count = p->token_counts ? p->token_counts[i] : p->T;
+    int32_t node = p->accepted[i];
+    if (!p->accepted_nodes) {
+        if (node < 0 || node > count) *flag = 1;
+        node = (node < 0 ? 0 : (node > count ? count : node)) - 1;
+    }
+    int32_t n = -1;
+    if (count >= 1 && count <= p->T && count <= GDN_MAX_TOKENS)
+        n = p->parents ? gdn__tree_path(p->parents + i * p->T, count, node, path) : (node >= -1 && node < count ? node + 1 : -1);
+    if (n < 0) *flag = 1;
+    return n;
+}
+
 /* Device-side slot operations (one launch for all layers): first, when set_at != NULL,
  * *set_at = set_value; then for each region r and layer l < layers, the bytes at
  * dst + l * dst_layer_stride become those at src + l * src_layer_stride (zeros when src == NULL).

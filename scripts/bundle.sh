@@ -27,6 +27,8 @@ for f in "$build"/tests/test_* "$build"/tests/gdn-soak "$build"/bench/gdn-bench 
          "$build"/examples/gdn-model-loop; do
     # GDN_BUNDLE_GPU_ONLY=1: leave out the CPU-only suites (CI runs them), to keep the archive small.
     [ "${GDN_BUNDLE_GPU_ONLY:-0}" = 1 ] && [[ "$(basename "$f")" == test_* ]] && [[ "$(basename "$f")" != test_gpu_* ]] && continue
+    # GDN_BUNDLE_SKIP='regex': leave out programs whose names match (each embeds every kernel, ~20 MB).
+    [ -n "${GDN_BUNDLE_SKIP:-}" ] && [[ "$(basename "$f")" =~ ^(${GDN_BUNDLE_SKIP})$ ]] && continue
     [ -f "$f" ] && [ -x "$f" ] && binaries+=("$f")
 done
 [ ${#binaries[@]} -gt 0 ] || { echo "nothing built in $build" >&2; exit 2; }

@@ -54,6 +54,7 @@ if want tests; then
     sanitize memcheck test_gpu_fold ""
     sanitize memcheck test_gpu_op ""
     sanitize memcheck test_gpu_mixer ""
+    sanitize memcheck test_gpu_tree ""
 fi
 if want racecheck; then
     sanitize racecheck test_gpu_kernels qwen3_5 'gpu_kernels/qwen3_5*'
@@ -65,6 +66,7 @@ if want racecheck; then
     sanitize racecheck test_gpu_fold ring_directed "gpu_fold/ring_[afnrw]*"
     sanitize racecheck test_gpu_op ""
     sanitize racecheck test_gpu_mixer ""
+    sanitize racecheck test_gpu_tree ""
 fi
 if want checks; then # uninitialised device reads; barrier misuse
     for tool in initcheck synccheck; do
@@ -73,6 +75,7 @@ if want checks; then # uninitialised device reads; barrier misuse
         sanitize $tool test_gpu_fold "" ""
         sanitize $tool test_gpu_op "" ""
         sanitize $tool test_gpu_mixer "" ""
+        sanitize $tool test_gpu_tree "" ""
     done
 fi
 wait

@@ -103,8 +103,10 @@ typedef struct gdn_op_layer {
      *     after the accepted node (its path: the node's ancestors and itself).
      * Every strategy runs them: CACHE keeps the state after each node, FOLD and RING keep each
      * node's inputs and their commit moves the accepted path's to the front, in path order, so the
-     * fold or the ring folds only the path (its length, not T). GDN_ENOTSUP, for now: either on
-     * CUDA, or with a mixer (the reference runs the conv along each token's path, not yet tested). */
+     * fold or the ring folds only the path (its length, not T). Both backends; GDN_ENOTSUP with a
+     * mixer, for now (the reference runs the conv along each token's path, not yet tested). With
+     * overlap_preceding the preceding kernel must not write them either (they are read before the
+     * wait, with the slots). */
     const int32_t *token_counts;
     const int32_t *parents;
 } gdn_op_layer;

@@ -208,27 +208,16 @@ static row_tokens plan_row_tokens(const gdn__layer_params *p, int32_t i)
     rt.n = p->T;
     rt.all_live = 1;
     if (p->T <= 0) return rt; /* a write-back runs no tokens of its own */
-    if (p->token_counts) {
-        const int32_t n = p->token_counts[i];
-        if (n < 1 || n > p->T) {
-            if (p->error_flag) *p->error_flag = 1;
-            rt.bad = 1, rt.n = 0;
-            return rt;
-        }
-        rt.n = n;
+    const gdn__row_plan plan = gdn__plan_row(p->token_counts, p->parents, p->T, i, rt.parent);
+    if (plan.bad && p->error_flag) *p->error_flag = 1;
+    if (plan.n == 0) {
+        rt.bad = 1, rt.n = 0;
+        return rt;
     }
+    rt.n = plan.n;
     rt.tree = p->parents != NULL;
-    for (int32_t t = 0; t < rt.n && t < GDN_MAX_TOKENS; t++) {
-        const int32_t parent = rt.tree ? p->parents[(int64_t)i * p->T + t] : t - 1;
-        if (parent < -1 || parent >= t) {
-            if (p->error_flag) *p->error_flag = 1;
-            rt.parent[t] = -1, rt.all_live = 0;
-            continue;
-        }
-        rt.parent[t] = parent;
-        rt.live[t] = parent < 0 || rt.live[parent];
-        if (!rt.live[t]) rt.all_live = 0;
-    }
+    for (int32_t t = 0; t < rt.n; t++) rt.live[t] = (plan.live >> t) & 1u;
+    rt.all_live = plan.live == (1u << rt.n) - 1u;
     return rt;
 }
 
@@ -654,25 +643,21 @@ static void advance_windows(const gdn__commit_params *p, int32_t i, int64_t r, i
     }
 }
 
-/* Fold, ring with a tree: in every layer, slot w's entries base + path[j] move to base + j (base 0
- * for the fold, the ring's count where the verify left it), in path order: path[j] >= j, so no copy
- * overwrites an entry still to be read. 0 when a layer's base leaves the path outside the slot's
- * entries (a corrupted count), before anything moves. */
-static int compact_entries(const gdn__commit_params *p, int64_t w, const int32_t *path, int32_t n)
+/* Fold, ring with a tree: in layer l, slot w's entries base + path[j] move to base + j (base 0 for
+ * the fold, the ring's count where the verify left it), in path order: path[j] >= j, so no copy
+ * overwrites an entry still to be read. 0 when the base leaves the path outside the slot's entries
+ * (a corrupted count), before anything moves; each layer decides alone (as the CUDA commit, whose
+ * layers run in parallel). */
+static int compact_layer_entries(const gdn__commit_params *p, int32_t l, int64_t w, const int32_t *path, int32_t n)
 {
     if (n == 0) return 1;
-    for (int32_t l = 0; l < p->num_layers; l++) {
-        const int32_t base = p->ring_count ? p->ring_count[(int64_t)l * p->counts_layer_stride + w] : 0;
-        if (base < 0 || base > p->entries_per_slot - 1 - path[n - 1]) return 0;
-    }
-    for (int32_t l = 0; l < p->num_layers; l++) {
-        const int32_t base = p->ring_count ? p->ring_count[(int64_t)l * p->counts_layer_stride + w] : 0;
-        char *slot = (char *)p->entries + (size_t)(l * p->entries_layer_bytes + w * p->entry_slot_bytes);
-        for (int32_t j = 0; j < n; j++)
-            if (path[j] != j)
-                memcpy(slot + (size_t)((base + j) * p->entry_bytes), slot + (size_t)((base + path[j]) * p->entry_bytes),
-                       (size_t)p->entry_bytes);
-    }
+    const int32_t base = p->ring_count ? p->ring_count[(int64_t)l * p->counts_layer_stride + w] : 0;
+    if (base < 0 || base > p->entries_per_slot - 1 - path[n - 1]) return 0;
+    char *slot = (char *)p->entries + (size_t)(l * p->entries_layer_bytes + w * p->entry_slot_bytes);
+    for (int32_t j = 0; j < n; j++)
+        if (path[j] != j)
+            memcpy(slot + (size_t)((base + j) * p->entry_bytes), slot + (size_t)((base + path[j]) * p->entry_bytes),
+                   (size_t)p->entry_bytes);
     return 1;
 }
 
@@ -688,33 +673,21 @@ void gdn__ref_commit(const gdn__commit_params *p)
             if (p->error_flag) *p->error_flag = 1;
             continue;
         }
-        /* The row's token count and its accepted node; the path to it (a chain: 0..node). */
-        int32_t count = p->T;
-        if (p->token_counts) count = p->token_counts[i];
-        int32_t node = p->accepted[i];
-        if (!p->accepted_nodes) { /* a count outside 0..n is clamped and flagged (SPEC 3: read on the device, never trusted) */
-            if ((node < 0 || node > count) && p->error_flag) *p->error_flag = 1;
-            node = (node < 0 ? 0 : (node > count ? count : node)) - 1;
-        }
         int32_t path[GDN_MAX_TOKENS];
-        int32_t n = -1; /* the path's length; -1: a bad count, node or parent */
-        if (count >= 1 && count <= p->T && count <= GDN_MAX_TOKENS)
-            n = p->parents ? gdn__tree_path(p->parents + (int64_t)i * p->T, count, node, path)
-                           : (node >= -1 && node < count ? node + 1 : -1);
-        if (n < 0) {
-            if (p->error_flag) *p->error_flag = 1;
-            continue;
-        }
-        if (p->parents && (p->ring_count || p->pending) && !compact_entries(p, w, path, n)) {
-            if (p->error_flag) *p->error_flag = 1;
-            continue;
-        }
-        if (p->ring_count) { /* ring: the verify left each count at its records' base */
-            for (int32_t l = 0; l < p->num_layers; l++) p->ring_count[(int64_t)l * p->counts_layer_stride + w] += n;
-            continue;
-        }
-        if (p->pending) { /* fold: the next kernel that touches the slot folds them */
-            for (int32_t l = 0; l < p->num_layers; l++) p->pending[(int64_t)l * p->counts_layer_stride + w] = n;
+        int flag = 0;
+        const int32_t n = gdn__commit_path(p, i, path, &flag); /* -1: nothing to commit */
+        if (flag && p->error_flag) *p->error_flag = 1;
+        if (n < 0) continue;
+        if (p->ring_count || p->pending) { /* ring: the verify left each count at its records' base; fold:
+                                              * the next kernel that touches the slot folds them */
+            for (int32_t l = 0; l < p->num_layers; l++) {
+                if (p->parents && !compact_layer_entries(p, l, w, path, n)) {
+                    if (p->error_flag) *p->error_flag = 1;
+                    continue;
+                }
+                int32_t *count = (p->ring_count ? p->ring_count : p->pending) + (int64_t)l * p->counts_layer_stride + w;
+                *count = p->ring_count ? *count + n : n;
+            }
             continue;
         }
         if (n == 0) continue;
