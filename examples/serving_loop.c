@@ -181,7 +181,7 @@ int main(int argc, char **argv)
         cursor = (cursor + batch) % n_live;
         const int verify = o.max_tokens > 1 && uniform() < 0.5;
         const int T = verify ? between(2, o.max_tokens) : 1;
-        const gdn_step step_desc = {verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, T, batch, slot_of_row, NULL, 0};
+        const gdn_step step_desc = {.kind = verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, .tokens = T, .batch = batch, .slots = slot_of_row};
         int32_t bucket;
         CHECK(gdn_engine_begin_step(engine, &step_desc, NULL, &bucket));
 
