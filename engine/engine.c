@@ -24,6 +24,7 @@ typedef struct step_state {
     int32_t batch;          /* rows the caller gave */
     int32_t bucket;         /* padded rows the kernels run */
     int32_t bucket_index;   /* position of bucket in the bucket list */
+    int32_t variant;        /* GDN__VARIANT_* bits: the step has token counts / parents (verify only) */
     int rows_fetched;       /* the step's first work (the device copy of its rows) was launched */
     int32_t layers_done;    /* distinct layers run */
     int committed;
@@ -42,9 +43,10 @@ struct gdn_engine {
     void *workspaces;           /* [L] strategy workspaces of stack.workspace_layer_bytes */
     void *io_block;             /* every layer's q, k, v, a, b, o (unless the caller's views) */
     float *params;              /* [L][2][HV]: A_log then dt_bias */
-    int32_t *indices;           /* rows [2 * max_batch] (the step's bucket read slots, then its
-                                 * bucket write slots), accepted [max_batch], error flag [1], flush
-                                 * row [1] */
+    int32_t *indices;           /* the step's staged block [staged_capacity] (for a step of bucket
+                                 * B and T tokens: read slots [B], write slots [B], token counts
+                                 * [B], parents [B][T]), accepted [max_batch], error flag [1],
+                                 * flush row [1] */
 
     gdn_layer_io *io;     /* host [L] */
     /* The mixer (SPEC 6; config.mixer), when on: each layer's description (its weights in
@@ -57,7 +59,7 @@ struct gdn_engine {
     gdn_layer_views *views; /* host [L]: the step tensors (the caller's io views, or dense views of io) */
     int owns_state;       /* the pools are the engine's (not config.state_pool) */
     uint8_t *layer_ran;   /* host [L] */
-    int32_t *row_staging; /* host [2 * max_batch]: padded read then write slots, as uploaded */
+    int32_t *row_staging; /* host [staged_capacity]: the step's staged block, as uploaded */
     int32_t *clear_list;  /* fold, ring: host [num_slots]: freed slots whose counts the next step clears */
     uint8_t *clear_flag;  /* fold, ring: host [num_slots]: in clear_list */
     int32_t clear_count;
@@ -82,13 +84,27 @@ struct gdn_engine {
 /* Helpers                                                                                          */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* The rows of a step of `bucket` rows: read slots at the start, write slots right after them, so one
- * upload of 2 * bucket indices sets both. */
+/* The staged block of a step of `bucket` rows and T tokens: read slots at the start, then write
+ * slots, token counts and parents [bucket][T], so that one upload of the block's used prefix
+ * (2 * bucket values for a plain step) sets them all, at addresses fixed per (bucket, T) that a
+ * captured graph bakes in. The largest block (max_batch rows, max_tokens tokens) comes first in the
+ * index block. */
+static int64_t staged_capacity(const gdn_engine_config *c)
+{
+    return 3 * (int64_t)c->max_batch + (int64_t)c->max_batch * c->max_tokens;
+}
+static int32_t staged_values(int32_t bucket, int32_t tokens, int32_t variant)
+{
+    if (variant & GDN__VARIANT_PARENTS) return 3 * bucket + bucket * tokens;
+    return variant & GDN__VARIANT_COUNTS ? 3 * bucket : 2 * bucket;
+}
 static int32_t *read_slots_buffer(const gdn_engine *e) { return e->indices; }
 static int32_t *write_slots_buffer(const gdn_engine *e, int32_t bucket) { return e->indices + bucket; }
-static int32_t *accepted_buffer(const gdn_engine *e) { return e->indices + 2 * e->config.max_batch; }
-static int32_t *error_flag_buffer(const gdn_engine *e) { return e->indices + 3 * e->config.max_batch; }
-static int32_t *flush_row_buffer(const gdn_engine *e) { return e->indices + 3 * e->config.max_batch + 1; }
+static int32_t *token_counts_buffer(const gdn_engine *e, int32_t bucket) { return e->indices + 2 * bucket; }
+static int32_t *parents_buffer(const gdn_engine *e, int32_t bucket) { return e->indices + 3 * bucket; }
+static int32_t *accepted_buffer(const gdn_engine *e) { return e->indices + staged_capacity(&e->config); }
+static int32_t *error_flag_buffer(const gdn_engine *e) { return accepted_buffer(e) + e->config.max_batch; }
+static int32_t *flush_row_buffer(const gdn_engine *e) { return accepted_buffer(e) + e->config.max_batch + 1; }
 static int fold(const gdn_engine *e) { return e->config.verify_strategy == GDN_VERIFY_FOLD; }
 static int ring(const gdn_engine *e) { return e->config.verify_strategy == GDN_VERIFY_RING; }
 /* The mixer's conv is on: every slot has a conv window per layer. */
@@ -250,7 +266,7 @@ static gdn_status allocate_everything(gdn_engine *e)
 
     e->io = gdn__calloc((size_t)L, sizeof *e->io);
     e->layer_ran = gdn__calloc((size_t)L, sizeof *e->layer_ran);
-    e->row_staging = gdn__calloc(2 * (size_t)c->max_batch, sizeof *e->row_staging);
+    e->row_staging = gdn__calloc((size_t)staged_capacity(c), sizeof *e->row_staging);
     e->capture_ran = gdn__calloc((size_t)L, sizeof *e->capture_ran);
     if (!e->io || !e->layer_ran || !e->row_staging || !e->capture_ran) return GDN_ENOMEM;
     if (keeps_tokens(e)) {
@@ -263,7 +279,8 @@ static gdn_status allocate_everything(gdn_engine *e)
         return status;
     if ((status = gdn__slots_init(&e->slots, c->num_slots)) != GDN_OK) return status;
 
-    status = backend_alloc(e, (3 * (size_t)c->max_batch + 2) * sizeof(int32_t), (void **)&e->indices, &e->memory.indices);
+    const size_t index_values = (size_t)staged_capacity(c) + (size_t)c->max_batch + 2; /* + accepted, flag, flush row */
+    status = backend_alloc(e, index_values * sizeof(int32_t), (void **)&e->indices, &e->memory.indices);
     if (status != GDN_OK) return status;
     int64_t slot_stride, layer_stride;
     if (c->state_pool) { /* the caller's pools */
@@ -369,10 +386,11 @@ gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
     gdn_engine *e = gdn__calloc(1, sizeof *e);
     if (!e) return GDN_ENOMEM;
     e->config = resolved;
-    /* Staging: a step's read and write rows, and (fold, ring) up to every slot as a count clear. */
+    /* Staging: a step's block (rows, counts, parents), and (fold, ring) up to every slot as a count
+     * clear. */
     const int clears = resolved.verify_strategy == GDN_VERIFY_FOLD || resolved.verify_strategy == GDN_VERIFY_RING;
-    const size_t staged_values = 2 * (size_t)resolved.max_batch + (clears ? (size_t)resolved.num_slots : 0);
-    status = create_backend(&resolved, staged_values * sizeof(int32_t), &e->backend);
+    const size_t staging = (size_t)staged_capacity(&resolved) + (clears ? (size_t)resolved.num_slots : 0);
+    status = create_backend(&resolved, staging * sizeof(int32_t), &e->backend);
     if (status == GDN_OK && gdn__config_mixer_on(&resolved) && e->backend.iface->kind == GDN_BACKEND_CUDA &&
         !gdn__cuda_mixer_runs(resolved.verify_strategy, resolved.model.head_dim_k))
         status = GDN_ENOTSUP;
@@ -759,6 +777,46 @@ static int32_t bucket_index_of(const gdn_engine_config *c, int32_t bucket)
     return -1;
 }
 
+/* Per-row counts and token trees run where the kernels run them: the CPU reference so far. The CUDA
+ * kernels lift op.c's GDN_ENOTSUP for them when they land; this follows it. */
+/* A step's token counts and parents (gdn_step), checked on the host so that the device never meets
+ * a bad one from the engine: GDN_OK with *variant set, or the refusal. */
+static gdn_status check_counts_and_parents(const gdn_engine *e, const gdn_step *step, int32_t *variant)
+{
+    *variant = (step->token_counts ? GDN__VARIANT_COUNTS : 0) | (step->parents ? GDN__VARIANT_PARENTS : 0);
+    if (!*variant) return GDN_OK;
+    if (step->kind == GDN_STEP_DECODE) return step->token_counts ? GDN_ESTEP_TOKENS : GDN_ESTEP_PARENTS;
+    if (gdn__config_mixer_on(&e->config)) return GDN_ENOTSUP; /* as the op layer (gdn_op.h) */
+    const int32_t T = step->tokens;
+    for (int32_t i = 0; i < step->batch; i++) {
+        if (step->slots[i] < 0) continue; /* padding rows ignore theirs */
+        const int32_t n = step->token_counts ? step->token_counts[i] : T;
+        if (n < 1 || n > T) return GDN_ESTEP_TOKENS;
+        for (int32_t t = 0; step->parents && t < n; t++) {
+            const int32_t parent = step->parents[(int64_t)i * T + t];
+            if (parent < -1 || parent >= t) return GDN_ESTEP_PARENTS;
+        }
+    }
+    return GDN_OK;
+}
+
+/* Stages the step's token counts and parents after its rows (staged_values): live rows as given;
+ * padding rows, and parents past a row's count, as a full chain, so that the device reads only
+ * values it would accept. */
+static void stage_counts_and_parents(gdn_engine *e, const gdn_step *step, int32_t bucket, int32_t variant)
+{
+    if (!variant) return;
+    const int32_t T = step->tokens;
+    int32_t *counts = e->row_staging + 2 * bucket, *parents = e->row_staging + 3 * bucket;
+    for (int32_t i = 0; i < bucket; i++) {
+        const int live = i < step->batch && step->slots[i] >= 0;
+        counts[i] = live && step->token_counts ? step->token_counts[i] : T;
+        if (!(variant & GDN__VARIANT_PARENTS)) continue;
+        for (int32_t t = 0; t < T; t++)
+            parents[(int64_t)i * T + t] = live && t < counts[i] ? step->parents[(int64_t)i * T + t] : t - 1;
+    }
+}
+
 gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stream, int32_t *bucket_out)
 {
     if (!e || !step) return GDN_EINVAL;
@@ -772,8 +830,11 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
         return GDN_ESTEP_TOKENS;
     gdn_status status = gdn__slots_check_step(&e->slots, step->batch, step->slots, step->write_slots);
     if (status != GDN_OK) return status;
+    int32_t variant = 0;
+    if ((status = check_counts_and_parents(e, step, &variant)) != GDN_OK) return status;
 
-    /* Stage the padded rows, read slots then write slots (w = r unless given), as one upload. */
+    /* Stage the padded rows, read slots then write slots (w = r unless given), then the counts and
+     * parents of a step that has them, as one upload. */
     const int32_t bucket = gdn__bucket_for(c, step->batch == 0 ? 1 : step->batch);
     int32_t *staged_read = e->row_staging, *staged_write = e->row_staging + bucket;
     for (int32_t i = 0; i < bucket; i++) {
@@ -781,9 +842,11 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
         staged_read[i] = live ? step->slots[i] : -1;
         staged_write[i] = live ? (step->write_slots ? step->write_slots[i] : step->slots[i]) : -1;
     }
+    stage_counts_and_parents(e, step, bucket, variant);
     (void)stream; /* the rows reach the device with the step's first work (fetch_rows) */
     if (step->batch > 0 || caller_work) { /* the caller's graph fetches rows whatever the batch */
-        status = e->backend.iface->stage_rows(e->backend.ctx, staged_read, 2 * bucket, e->clear_list, e->clear_count);
+        status = e->backend.iface->stage_rows(e->backend.ctx, staged_read, staged_values(bucket, step->tokens, variant),
+                                              e->clear_list, e->clear_count);
         if (status != GDN_OK) {
             e->step.active = 0; /* the staging may be half-written: no step can run on it */
             return status;
@@ -797,6 +860,7 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
         .batch = step->batch,
         .bucket = bucket,
         .bucket_index = bucket_index_of(c, bucket),
+        .variant = variant,
         .caller_work = caller_work,
     };
     memset(e->layer_ran, 0, (size_t)c->model.num_layers);
@@ -821,9 +885,18 @@ static gdn_op_layer layer_op(const gdn_engine *e, int32_t layer)
     return op;
 }
 
+/* The step's device arrays of its variant: token counts and parents where it has them, else NULL
+ * (the plain step's kernels read neither). */
+static void set_variant_arrays(const gdn_engine *e, gdn_op_layer *op, int32_t bucket, int32_t variant)
+{
+    op->token_counts = variant & GDN__VARIANT_COUNTS ? token_counts_buffer(e, bucket) : NULL;
+    op->parents = variant & GDN__VARIANT_PARENTS ? parents_buffer(e, bucket) : NULL;
+}
+
 /* A step of `bucket` rows and `tokens` tokens of one layer, on the engine's rows and tensors, to be
  * enqueued or recorded next: it overlaps the kernel before it unless that is the rows' fetch. */
-static gdn__layer_params layer_params(gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens, int32_t bucket)
+static gdn__layer_params layer_params(gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens, int32_t bucket,
+                                      int32_t variant)
 {
     gdn_op_layer op = layer_op(e, layer);
     op.overlap_preceding = e->config.launch_overlap && !e->after_fetch;
@@ -833,21 +906,26 @@ static gdn__layer_params layer_params(gdn_engine *e, int32_t layer, gdn_step_kin
     op.tokens = tokens;
     op.batch = bucket;
     op.write_slots = write_slots_buffer(e, bucket);
+    set_variant_arrays(e, &op, bucket, variant);
     op.q = v->q, op.k = v->k, op.v = v->v, op.a = v->a, op.b = v->b, op.o = v->o;
     op.x = v->x, op.z = v->z; /* the mixer's (read only with its parts) */
     return gdn__op_step_params(&op, &e->stack.layout);
 }
 
-/* The commit of a verify step of `bucket` rows and `tokens` tokens, every layer in one launch. */
-static gdn__commit_params commit_params(const gdn_engine *e, int32_t tokens, int32_t bucket)
+/* The commit of a verify step of `bucket` rows and `tokens` tokens, every layer in one launch. A
+ * tree step's accepted buffer holds nodes (gdn_op_commit_node), any other's counts. */
+static gdn__commit_params commit_params(const gdn_engine *e, int32_t tokens, int32_t bucket, int32_t variant)
 {
     gdn__op_stack s = e->stack;
     s.op.kind = GDN_STEP_VERIFY;
     s.op.tokens = tokens;
     s.op.batch = bucket;
     s.op.write_slots = write_slots_buffer(e, bucket);
+    set_variant_arrays(e, &s.op, bucket, variant);
     s.op.overlap_preceding = e->config.launch_overlap; /* the commit waits before any access */
-    return gdn__op_commit_params(&s, accepted_buffer(e));
+    gdn__commit_params c = gdn__op_commit_params(&s, accepted_buffer(e));
+    c.accepted_nodes = (variant & GDN__VARIANT_PARENTS) != 0;
+    return c;
 }
 
 /* Enqueues (or records) the step's first work: the staged rows to the device and, under fold,
@@ -884,7 +962,7 @@ static gdn_status capture_layer(gdn_engine *e, int32_t layer, void *stream)
 {
     if (e->capture_ran[layer] || e->capture_committed) return GDN_EMISUSE;
     const gdn__layer_params params = layer_params(e, layer, (gdn_step_kind)e->capture_key.kind, e->capture_key.tokens,
-                                                  e->capture_key.bucket);
+                                                  e->capture_key.bucket, e->capture_key.variant);
     gdn_status status = e->backend.iface->layer_step(e->backend.ctx, &params, stream);
     if (status != GDN_OK) return status;
     e->capture_ran[layer] = 1;
@@ -902,7 +980,8 @@ gdn_status gdn_engine_run_layer(gdn_engine *e, int32_t layer, void *stream)
     if (e->step.batch > 0) { /* an empty step touches nothing */
         gdn_status status = ensure_rows(e, stream);
         if (status != GDN_OK) return status;
-        const gdn__layer_params params = layer_params(e, layer, e->step.kind, e->step.tokens, e->step.bucket);
+        const gdn__layer_params params = layer_params(e, layer, e->step.kind, e->step.tokens, e->step.bucket,
+                                                      e->step.variant);
         status = enqueued_on(e, stream, e->backend.iface->layer_step(e->backend.ctx, &params, stream));
         if (status != GDN_OK) return status;
     }
@@ -938,7 +1017,7 @@ static gdn_status capture_graph(void *ctx, const gdn__graph_key *key, gdn__graph
     e->capture_layers = 0;
     e->capture_committed = 0;
     if (key->kind == GDN__GRAPH_COMMIT) { /* a verify step's commit, alone */
-        const gdn__commit_params p = commit_params(e, key->tokens, key->bucket);
+        const gdn__commit_params p = commit_params(e, key->tokens, key->bucket, key->variant);
         status = b->commit(e->backend.ctx, &p, capture_stream);
     } else { /* a step: the copy of its rows from the host mailbox, then its work */
         status = fetch_staged_rows(e, capture_stream);
@@ -980,7 +1059,7 @@ gdn_status gdn_engine_run_step(gdn_engine *e, void *stream)
         if (status == GDN_OK && st->layers_done != L) status = GDN_EMISUSE; /* callback skipped a layer */
         return status;
     }
-    const gdn__graph_key key = gdn__graph_key_make(st->kind, st->tokens, st->bucket);
+    const gdn__graph_key key = gdn__graph_key_make(st->kind, st->tokens, st->bucket, st->variant);
     gdn__graph_entry *entry = NULL;
     gdn_status status = gdn__graph_cache_get(&e->graphs, &key, st->bucket_index, capture_graph, e, &entry);
     if (status != GDN_OK) return status;
@@ -1001,7 +1080,7 @@ gdn_status gdn_engine_commit(gdn_engine *e, void *stream)
     if (e->capturing) { /* the capture callback ends a verify graph with its commit */
         if (e->capture_key.kind != GDN_STEP_VERIFY || e->capture_committed || e->capture_layers != c->model.num_layers)
             return GDN_EMISUSE;
-        const gdn__commit_params p = commit_params(e, e->capture_key.tokens, e->capture_key.bucket);
+        const gdn__commit_params p = commit_params(e, e->capture_key.tokens, e->capture_key.bucket, e->capture_key.variant);
         gdn_status status = e->backend.iface->commit(e->backend.ctx, &p, stream);
         if (status == GDN_OK) e->capture_committed = 1;
         return status;
@@ -1011,14 +1090,14 @@ gdn_status gdn_engine_commit(gdn_engine *e, void *stream)
         return GDN_EMISUSE;
     if (caller_capturing(e, stream)) return GDN_EMISUSE;
     if (e->step.batch > 0 && e->use_graphs) { /* a one-node graph: cheaper to launch than the kernel */
-        const gdn__graph_key key = gdn__graph_key_make(GDN__GRAPH_COMMIT, e->step.tokens, e->step.bucket);
+        const gdn__graph_key key = gdn__graph_key_make(GDN__GRAPH_COMMIT, e->step.tokens, e->step.bucket, e->step.variant);
         gdn__graph_entry *entry = NULL;
         gdn_status status = gdn__graph_cache_get(&e->graphs, &key, e->step.bucket_index, capture_graph, e, &entry);
         if (status != GDN_OK) return status;
         status = enqueued_on(e, stream, e->backend.iface->graph_launch(e->backend.ctx, entry->exec, stream));
         if (status != GDN_OK) return status;
     } else if (e->step.batch > 0) {
-        const gdn__commit_params p = commit_params(e, e->step.tokens, e->step.bucket);
+        const gdn__commit_params p = commit_params(e, e->step.tokens, e->step.bucket, e->step.variant);
         gdn_status status = enqueued_on(e, stream, e->backend.iface->commit(e->backend.ctx, &p, stream));
         if (status != GDN_OK) return status;
     }
@@ -1044,7 +1123,7 @@ gdn_status gdn_engine_enqueue_layer(gdn_engine *e, int32_t layer, void *stream)
     if (!e) return GDN_EINVAL;
     if (layer < 0 || layer >= e->config.model.num_layers) return GDN_ELAYER;
     if (!caller_work_step(e)) return GDN_EMISUSE;
-    const gdn__layer_params params = layer_params(e, layer, e->step.kind, e->step.tokens, e->step.bucket);
+    const gdn__layer_params params = layer_params(e, layer, e->step.kind, e->step.tokens, e->step.bucket, e->step.variant);
     return enqueued_on(e, stream, e->backend.iface->layer_step(e->backend.ctx, &params, stream));
 }
 
@@ -1052,7 +1131,7 @@ gdn_status gdn_engine_enqueue_commit(gdn_engine *e, void *stream)
 {
     if (!e) return GDN_EINVAL;
     if (!caller_work_step(e) || e->step.kind != GDN_STEP_VERIFY) return GDN_EMISUSE;
-    const gdn__commit_params p = commit_params(e, e->step.tokens, e->step.bucket);
+    const gdn__commit_params p = commit_params(e, e->step.tokens, e->step.bucket, e->step.variant);
     return enqueued_on(e, stream, e->backend.iface->commit(e->backend.ctx, &p, stream));
 }
 

@@ -471,7 +471,7 @@ int main(int argc, char **argv)
         if (proj->set_inputs(ctx, tokens, acc, stream)) return 1;
         /* The step: model_step (embeddings, per layer the caller's projection, the engine's mixer, the
          * caller's out projection with the residual; the sampler and the commit), through the engine. */
-        const gdn_step step = {is_verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, T, R, slot, NULL, 0};
+        const gdn_step step = {.kind = is_verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, .tokens = T, .batch = R, .slots = slot};
         CHECK(gdn_engine_begin_step(e, &step, stream, NULL));
         CHECK(gdn_engine_run_step(e, stream));
         if (proj->read_back(ctx, h, fused, stream)) return 1;

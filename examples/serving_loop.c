@@ -14,6 +14,10 @@
  *      static buffers, run the layer, read its output. After a verify the "sampler" writes how many
  *      draft tokens each row accepted into the engine's accepted buffer (device memory on CUDA) and
  *      the engine commits them. Requests advance by what they accepted and retire (gdn_slot_free).
+ *   With --tree each verify step is a token tree, as EAGLE-style drafting makes one: every row drafts
+ *      a random tree of 1..T nodes (T up to 16; gdn_step.token_counts and .parents), the sampler
+ *      accepts one root path by writing its last node (-1: none) into the accepted buffer, and the
+ *      request advances by that path's length. Positions past a row's nodes must come back zero.
  *   4. Outputs are poisoned before each layer runs and must come back finite; at the end the
  *      device's sticky error flag must be clear and every slot returned. (The comparison with a float64
  *      reference lives in the test suite: tests/serving_loop_check.c.)
@@ -21,7 +25,7 @@
  *   gdn-serving-loop [--preset tiny|qwen3-next|qwen3.5] [--layers N] [--steps N] [--seed N]
  *                    [--state f32|bf16] [--output bf16|f32] [--backend auto|cpu|cuda]
  *                    [--max-batch N] [--max-tokens N] [--slots N] [--verify auto|cache|fold|ring]
- *                    [--verbose]
+ *                    [--tree] [--verbose]
  * Exit status: 0 when every check passed, 1 otherwise, 2 on a bad argument.
  */
 #include <math.h>
@@ -73,7 +77,7 @@ static float from_bf16(uint16_t h)
 
 typedef struct options {
     const char *preset;
-    int layers, steps, max_batch, max_tokens, slots, verbose;
+    int layers, steps, max_batch, max_tokens, slots, verbose, tree;
     gdn_dtype state, output;
     gdn_backend_kind backend;
     gdn_verify_strategy verify;
@@ -81,10 +85,11 @@ typedef struct options {
 
 static int parse(int argc, char **argv, options *o)
 {
-    *o = (options){"tiny", 3, 96, 16, 4, 0, 0, GDN_DTYPE_F32, GDN_DTYPE_BF16, GDN_BACKEND_AUTO, GDN_VERIFY_AUTO};
+    *o = (options){"tiny", 3, 96, 16, 0, 0, 0, 0, GDN_DTYPE_F32, GDN_DTYPE_BF16, GDN_BACKEND_AUTO, GDN_VERIFY_AUTO};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--verbose")) { o->verbose = 1; continue; }
+        if (!strcmp(a, "--tree")) { o->tree = 1; continue; }
         if (!v) return 0;
         i++;
         if (!strcmp(a, "--preset")) o->preset = v;
@@ -106,6 +111,7 @@ static int parse(int argc, char **argv, options *o)
         else return 0;
     }
     if (o->slots == 0) o->slots = o->max_batch + o->max_batch / 4;
+    if (o->max_tokens == 0) o->max_tokens = o->tree ? GDN_MAX_TOKENS : 4; /* trees of up to 16 nodes */
     return o->steps >= 0;
 }
 
@@ -127,10 +133,10 @@ int main(int argc, char **argv)
     const gdn_engine_config *c = gdn_engine_get_config(engine);
     const int L = o.layers, HK = model.num_k_heads, HV = model.num_v_heads, K = model.head_dim_k, V = model.head_dim_v;
     const char *strategies[] = {"cache", "fold", "auto", "ring"};
-    printf("gdn-serving-loop: %s backend, %s x %d layers, %s state, %s verify, %d slots, batches up to %d, T up to %d\n",
+    printf("gdn-serving-loop: %s backend, %s x %d layers, %s state, %s verify%s, %d slots, batches up to %d, T up to %d\n",
            gdn_engine_backend(engine) == GDN_BACKEND_CUDA ? "CUDA (GPU)" : "CPU (float64 reference, no GPU used)",
-           o.preset, L, o.state == GDN_DTYPE_F32 ? "fp32" : "bf16", strategies[c->verify_strategy], o.slots,
-           o.max_batch, o.max_tokens);
+           o.preset, L, o.state == GDN_DTYPE_F32 ? "fp32" : "bf16", strategies[c->verify_strategy],
+           o.tree ? " of token trees" : "", o.slots, o.max_batch, o.max_tokens);
 
     float *params = malloc(sizeof(float) * 2 * HV);
     for (int l = 0; l < L; l++) {
@@ -145,6 +151,7 @@ int main(int argc, char **argv)
     uint16_t *ab = malloc(sizeof(uint16_t) * 2 * rows * HV);
     unsigned char *out = malloc(rows * HV * V * out_size), *prefill = malloc(state_elems * state_size);
     int32_t *slot_of_row = malloc(sizeof(int32_t) * o.max_batch), *accepted = malloc(sizeof(int32_t) * o.max_batch);
+    int32_t *counts = malloc(sizeof(int32_t) * o.max_batch), *parents = malloc(sizeof(int32_t) * o.max_batch * o.max_tokens);
     int32_t *live = malloc(sizeof(int32_t) * o.slots), *tokens_left = calloc((size_t)o.slots, sizeof(int32_t));
     int n_live = 0, waiting = 0, cursor = 0;
     long admitted = 0, retired = 0, decode_steps = 0, verify_steps = 0, drafted = 0, kept = 0, bad_outputs = 0;
@@ -181,9 +188,23 @@ int main(int argc, char **argv)
         cursor = (cursor + batch) % n_live;
         const int verify = o.max_tokens > 1 && uniform() < 0.5;
         const int T = verify ? between(2, o.max_tokens) : 1;
-        const gdn_step step_desc = {verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, T, batch, slot_of_row, NULL, 0};
+        int tree = verify && o.tree;
+        /* A draft tree per row: n nodes, node t's parent in -1..t-1 (mostly the node before it). */
+        for (int i = 0; tree && i < batch; i++) {
+            counts[i] = between(1, T);
+            for (int t = 0; t < counts[i]; t++) parents[i * T + t] = uniform() < 0.5 ? t - 1 : between(-1, t - 1);
+        }
+        gdn_step step_desc = {.kind = verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, .tokens = T, .batch = batch,
+                              .slots = slot_of_row, .token_counts = tree ? counts : NULL, .parents = tree ? parents : NULL};
         int32_t bucket;
-        CHECK(gdn_engine_begin_step(engine, &step_desc, NULL, &bucket));
+        gdn_status began = gdn_engine_begin_step(engine, &step_desc, NULL, &bucket);
+        if (began == GDN_ENOTSUP && tree) { /* a backend whose kernels do not run trees: chains instead */
+            printf("token trees are not supported on this backend: verify steps run chains instead\n");
+            o.tree = tree = 0;
+            step_desc.token_counts = step_desc.parents = NULL;
+            began = gdn_engine_begin_step(engine, &step_desc, NULL, &bucket);
+        }
+        CHECK(began);
 
         const size_t n = (size_t)batch * T;
         for (int l = 0; l < L; l++) {
@@ -206,15 +227,25 @@ int main(int argc, char **argv)
                 float x;
                 if (o.output == GDN_DTYPE_F32) memcpy(&x, out + 4 * e, 4);
                 else x = from_bf16(((uint16_t *)out)[e]);
-                bad_outputs += !isfinite(x);
+                const int row = (int)(e / ((size_t)T * HV * V)), t = (int)(e / ((size_t)HV * V) % (size_t)T);
+                bad_outputs += tree && t >= counts[row] ? x != 0.0f : !isfinite(x); /* past a row's nodes: zeros */
             }
         }
-        for (int i = 0; i < batch; i++) accepted[i] = verify ? between(0, T) : 1;
+        /* The sampler: accepted draft tokens per row, or for a tree the accepted node (-1: none). */
+        for (int i = 0; i < batch; i++) accepted[i] = tree ? between(-1, counts[i] - 1) : verify ? between(0, T) : 1;
         if (verify) {
             CHECK(gdn_engine_upload(engine, gdn_engine_accepted(engine), accepted, sizeof(int32_t) * batch, NULL));
             CHECK(gdn_engine_commit(engine, NULL));
-            verify_steps++, drafted += (long)batch * T;
-            for (int i = 0; i < batch; i++) kept += accepted[i];
+            verify_steps++;
+            for (int i = 0; i < batch; i++) {
+                drafted += tree ? counts[i] : T;
+                if (tree) { /* the request advances by the accepted node's path */
+                    int depth = 0;
+                    for (int t = accepted[i]; t >= 0; t = parents[i * T + t]) depth++;
+                    accepted[i] = depth;
+                }
+                kept += accepted[i];
+            }
         } else {
             decode_steps++;
         }
@@ -241,10 +272,12 @@ int main(int argc, char **argv)
     printf("steps: %ld decode, %ld verify (%ld of %ld drafted tokens accepted); requests: %ld admitted, %ld "
            "retired\n", decode_steps, verify_steps, kept, drafted, admitted, retired);
     const int pass = bad_outputs == 0 && device == GDN_OK && slots_left == 0;
-    printf("checks: %ld non-finite outputs, device error flag %s, %d slots still held: %s\n", bad_outputs,
+    printf("checks: %ld %s, device error flag %s, %d slots still held: %s\n", bad_outputs,
+           o.tree ? "bad outputs (non-finite, or not zero past a row's nodes)" : "non-finite outputs",
            device == GDN_OK ? "clear" : gdn_status_name(device), slots_left, pass ? "PASS" : "FAIL");
     gdn_engine_destroy(engine);
     free(params), free(qk), free(v), free(ab), free(out), free(prefill), free(slot_of_row), free(accepted);
+    free(counts), free(parents);
     free(live), free(tokens_left);
     return pass ? 0 : 1;
 }

@@ -6,7 +6,7 @@
 // entry only after the GPU has consumed it. A replayed graph thus needs no host-to-device copy and
 // no event of its own: its only host cost is the launch.
 //
-// Entry layout (int32): [0] = count of row values (2 * bucket), [1 .. count] = the values,
+// Entry layout (int32): [0] = count of row values (2 * bucket read and write slots, then the step's counts and parents when it has them), [1 .. count] = the values,
 // [1 + count] = number of clears, then the cleared slots.
 //
 // Host memory is a PCIe round trip away (several microseconds, on the critical path of every step),

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The sanitizer run (issue 17, what CI runs after ./scripts/test.sh): a CPU-only AddressSanitizer +
 # UndefinedBehaviorSanitizer build of the library, the tests and the examples, then every CPU
-# Criterion suite of tests/meson.build and the serving-loop example (default options and --verify
-# cache) under the sanitizers. Exits nonzero on any test failure and on any sanitizer report.
+# Criterion suite of tests/meson.build and the serving-loop example (default options, --verify cache
+# and --tree) under the sanitizers. Exits nonzero on any test failure and on any sanitizer report.
 # 3-5 minutes on 2 cores, build included (fold and ring about a minute each).
 #
 #   GDN_ASAN_BUILD_DIR   build directory (default build-asan; configured on first use)
@@ -91,6 +91,7 @@ for exe in $suites; do
 done
 run "gdn-serving-loop" "$build/examples/gdn-serving-loop"
 run "gdn-serving-loop --verify cache" "$build/examples/gdn-serving-loop" --verify cache
+run "gdn-serving-loop --tree" "$build/examples/gdn-serving-loop" --tree
 
 echo "sanitizer run: $((SECONDS - start)) s"
 if [ ${#failed[@]} -ne 0 ]; then

@@ -21,6 +21,9 @@
  *      The verify strategy is the library's default (auto: fold when max_tokens > 1, cache for
  *      max_tokens 1); `--verify cache|fold` forces one. Fold keeps no per-token states: the
  *      accepted tokens are folded into the state by the slot's next kernel, or by a state read.
+ *      With `--tree` every verify step is a token tree (gdn_step.token_counts and .parents): each row
+ *      drafts a random tree of 1..T nodes, the sampler accepts one node (-1..n-1), and the request
+ *      advances by that node's path.
  *   4. Independently of the engine, the example keeps every live request's state of every layer on the
  *      host in float64 and applies the same tokens with the reference (gdn__ref_head), rounding the
  *      state to the pool's dtype exactly where the engine stores it (which depends on the strategy). Every output the engine produced
@@ -33,7 +36,7 @@
  *   gdn_serving_loop_check(argc, argv) with the options [--preset tiny|qwen3-next|qwen3.5] [--layers N] [--steps N] [--seed N]
  *                    [--state f32|bf16] [--input bf16|f16] [--output bf16|f32]
  *                    [--backend auto|cpu|cuda] [--max-batch N] [--max-tokens N] [--slots N]
- *                    [--verify auto|cache|fold] [--check-every N] [--verbose]
+ *                    [--verify auto|cache|fold] [--tree] [--check-every N] [--verbose]
  *
  * Exit status: 0 when every check passed, 1 on a failed check or an API error, 2 on a bad argument.
  */
@@ -115,7 +118,7 @@ static double rng_normal(rng *r) /* Box-Muller */
 
 typedef struct options {
     const char *preset;
-    int layers, steps, max_batch, max_tokens, slots, check_every, verbose;
+    int layers, steps, max_batch, max_tokens, slots, check_every, verbose, tree;
     uint64_t seed;
     gdn_dtype state_dtype, input_dtype, output_dtype;
     gdn_backend_kind backend;
@@ -138,6 +141,7 @@ static void usage(FILE *f)
             "  --max-tokens N     most tokens in a verify step, 1..%d (default 4)\n"
             "  --slots N          state slots = most live requests (default 1.25 x max-batch)\n"
             "  --verify S         verify strategy: auto (default: fold if max-tokens > 1), cache or fold\n"
+            "  --tree             verify steps are token trees (a random tree of 1..T nodes per row)\n"
             "  --check-every N    compare every live state every N steps (default 20, 0: never)\n"
             "  --verbose          one line per step\n",
             GDN_MAX_TOKENS);
@@ -183,6 +187,8 @@ static int parse_options(int argc, char **argv, options *o)
             return 1;
         } else if (strcmp(flag, "--verbose") == 0) {
             o->verbose = 1, takes_arg = 0;
+        } else if (strcmp(flag, "--tree") == 0) {
+            o->tree = 1, takes_arg = 0;
         } else if (strcmp(flag, "--preset") == 0) {
             o->preset = arg, ok = arg != NULL;
         } else if (strcmp(flag, "--layers") == 0) {
@@ -282,7 +288,9 @@ typedef struct server {
      * asynchronous, and no buffer is rewritten before the step's gdn_engine_synchronize. */
     void **q, **k, **v, **a, **b, **o; /* [L] each, max_batch * max_tokens rows */
     int32_t *rows;                     /* [max_batch]: slot of each row */
-    int32_t *accepted;                 /* [max_batch] */
+    int32_t *accepted;                 /* [max_batch]: a count, or with --tree the accepted node */
+    int32_t *counts, *parents;         /* --tree: [max_batch] node counts, [max_batch][T] parents */
+    double *node_states;               /* --tree: [max_tokens][V][K] one head's state after each node */
     void *state_io;                    /* one layer's state of one slot, in the pool's dtype */
     double *qd, *kd, *vd, *ad, *bd, *od, *S; /* reference scratch */
 
@@ -425,6 +433,9 @@ static void allocate_host_buffers(server *s)
     s->order = xcalloc((size_t)s->num_slots, sizeof(int32_t));
     s->rows = xcalloc((size_t)s->max_batch, sizeof(int32_t));
     s->accepted = xcalloc((size_t)s->max_batch, sizeof(int32_t));
+    s->counts = xcalloc((size_t)s->max_batch, sizeof(int32_t));
+    s->parents = xcalloc((size_t)s->max_batch * (size_t)s->max_tokens, sizeof(int32_t));
+    s->node_states = xcalloc((size_t)s->max_tokens * (size_t)(s->V * s->K), sizeof(double));
     s->state_io = xcalloc((size_t)s->slot_elems, gdn_dtype_size(s->state_dtype));
     s->qd = xcalloc((size_t)(GDN_MAX_TOKENS * s->K), sizeof(double));
     s->kd = xcalloc((size_t)(GDN_MAX_TOKENS * s->K), sizeof(double));
@@ -590,6 +601,43 @@ static void ref_head(server *s, int l, int h, int T, const double *state, keep_s
                   s->dt_bias[l * s->HV + h], s->scale, s->use_qk_l2norm, s->od, s->V, keep_state_hook, keep);
 }
 
+/* Stages the T tokens of row i, head h of layer l into qd, kd, vd, ad, bd, widened from the inputs
+ * the engine saw. */
+static void stage_tokens(server *s, int l, int h, int i, int T)
+{
+    const int kh = h / (s->HV / s->HK);
+    const gdn_dtype in = s->input_dtype;
+    for (int t = 0; t < T; t++) {
+        const int64_t tok = (int64_t)i * T + t;
+        for (int c = 0; c < s->K; c++) {
+            s->qd[t * s->K + c] = gdn__load_f32(s->q[l], in, (tok * s->HK + kh) * s->K + c);
+            s->kd[t * s->K + c] = gdn__load_f32(s->k[l], in, (tok * s->HK + kh) * s->K + c);
+        }
+        for (int c = 0; c < s->V; c++) s->vd[t * s->V + c] = gdn__load_f32(s->v[l], in, (tok * s->HV + h) * s->V + c);
+        s->ad[t] = gdn__load_f32(s->a[l], in, tok * s->HV + h);
+        s->bd[t] = gdn__load_f32(s->b[l], in, tok * s->HV + h);
+    }
+}
+
+/* The engine's output of row i, token t, head h of layer l against the reference `want` [V] rounded
+ * to the output dtype, or against exact zeros when want is NULL (a position past the row's count). */
+static void compare_output(server *s, const request *r, int l, int i, int T, int t, int h, const double *want)
+{
+    const int64_t base = (((int64_t)i * T + t) * s->HV + h) * s->V;
+    for (int c = 0; c < s->V; c++) {
+        const double ref = want ? round_to(s->output_dtype, want[c]) : 0.0;
+        const double got = gdn__load_f32(s->o[l], s->output_dtype, base + c);
+        const double e = want ? error_ratio(got, ref, s->out_abs, s->out_rel) : (got == 0.0 ? 0.0 : INFINITY);
+        if (e > s->err.worst_output) s->err.worst_output = e;
+        if (!(e <= 1.0)) {
+            if (s->err.output_failures < 5)
+                fprintf(stderr, "output mismatch: request %d, layer %d, token %d, head %d, v %d: got %.6g, want %.6g\n",
+                        r->id, l, t, h, c, got, ref);
+            s->err.output_failures++;
+        }
+    }
+}
+
 /*
  * Replays row i of the step on the host reference, layer by layer and head by head, from the very
  * bf16/fp16 inputs the engine saw: all T tokens are run (from a scratch copy of the state) so that
@@ -600,45 +648,17 @@ static void ref_head(server *s, int l, int h, int T, const double *state, keep_s
 static void reference_row(server *s, int i, int T, int n, int verify)
 {
     request *r = &s->req[s->rows[i]];
-    const int heads_per_key = s->HV / s->HK;
     const int64_t head_elems = (int64_t)s->V * s->K;
-    const gdn_dtype in = s->input_dtype;
     const int pending_after = verify && s->opt.verify == GDN_VERIFY_FOLD;
     for (int l = 0; l < s->L; l++) {
         for (int h = 0; h < s->HV; h++) {
-            const int kh = h / heads_per_key;
-            for (int t = 0; t < T; t++) {
-                const int64_t tok = (int64_t)i * T + t;
-                for (int c = 0; c < s->K; c++) {
-                    s->qd[t * s->K + c] = gdn__load_f32(s->q[l], in, (tok * s->HK + kh) * s->K + c);
-                    s->kd[t * s->K + c] = gdn__load_f32(s->k[l], in, (tok * s->HK + kh) * s->K + c);
-                }
-                for (int c = 0; c < s->V; c++)
-                    s->vd[t * s->V + c] = gdn__load_f32(s->v[l], in, (tok * s->HV + h) * s->V + c);
-                s->ad[t] = gdn__load_f32(s->a[l], in, tok * s->HV + h);
-                s->bd[t] = gdn__load_f32(s->b[l], in, tok * s->HV + h);
-            }
+            stage_tokens(s, l, h, i, T);
             double *state = r->ref + (int64_t)l * s->slot_elems + (int64_t)h * head_elems;
             keep_state keep = {.token = pending_after ? -1 : n - 1, .elems = head_elems, .dst = state};
             ref_head(s, l, h, T, state, &keep);
 
             /* Outputs of every token, against the reference rounded to the output dtype. */
-            for (int t = 0; t < T; t++) {
-                const int64_t base = (((int64_t)i * T + t) * s->HV + h) * s->V;
-                for (int c = 0; c < s->V; c++) {
-                    const double want = round_to(s->output_dtype, s->od[t * s->V + c]);
-                    const double got = gdn__load_f32(s->o[l], s->output_dtype, base + c);
-                    const double e = error_ratio(got, want, s->out_abs, s->out_rel);
-                    if (e > s->err.worst_output) s->err.worst_output = e;
-                    if (!(e <= 1.0)) {
-                        if (s->err.output_failures < 5)
-                            fprintf(stderr, "output mismatch: request %d, layer %d, token %d, head %d, "
-                                            "v %d: got %.6g, want %.6g\n",
-                                    r->id, l, t, h, c, got, want);
-                        s->err.output_failures++;
-                    }
-                }
-            }
+            for (int t = 0; t < T; t++) compare_output(s, r, l, i, T, t, h, s->od + t * s->V);
 
             /* The engine keeps the state in fp32 between the tokens of one call and rounds it once to
              * the pool's dtype where it stores it. Cache strategy: after a decode token, and (through
@@ -658,6 +678,71 @@ static void reference_row(server *s, int i, int T, int n, int verify)
     }
     if (pending_after) r->unfolded = n > 0;
     else if (n > 0) r->unfolded = 0;
+}
+
+/* The path of `node` in a row's parents, root first, into path[]: its length (0 for node -1). */
+static int tree_path(const int32_t *par, int node, int *path)
+{
+    int len = 0;
+    for (int t = node; t >= 0; t = par[t]) path[len++] = t;
+    for (int j = 0; j < len / 2; j++) {
+        const int x = path[j];
+        path[j] = path[len - 1 - j], path[len - 1 - j] = x;
+    }
+    return len;
+}
+
+/*
+ * The same for a token tree (--tree): row i ran n nodes, node t from the state after its parent
+ * par[t] (-1: the slot's state), and accepted `node`. Every node's output is compared (positions past
+ * n must be zero), and the reference state becomes the state after the node, rounded where the engine
+ * stores it: the cache strategy's commit copies the node's cache entry; fold stores the state the
+ * verify started from and applies the node's path to it later, unrounded.
+ */
+static void reference_row_tree(server *s, int i, int T, int n, const int32_t *par, int node)
+{
+    request *r = &s->req[s->rows[i]];
+    const int64_t head_elems = (int64_t)s->V * s->K;
+    const int fold = s->opt.verify == GDN_VERIFY_FOLD;
+    int path[GDN_MAX_TOKENS];
+    const int len = tree_path(par, node, path);
+    for (int l = 0; l < s->L; l++) {
+        for (int h = 0; h < s->HV; h++) {
+            stage_tokens(s, l, h, i, T);
+            double *state = r->ref + (int64_t)l * s->slot_elems + (int64_t)h * head_elems;
+            for (int t = 0; t < n; t++) { /* parents come first: each node from its parent's state */
+                double *S = s->node_states + (int64_t)t * head_elems;
+                memcpy(S, par[t] < 0 ? state : s->node_states + (int64_t)par[t] * head_elems,
+                       (size_t)head_elems * sizeof(double));
+                gdn__ref_head(1, s->K, s->V, S, s->qd + t * s->K, s->kd + t * s->K, s->K, s->vd + t * s->V, s->V,
+                              s->ad + t, s->bd + t, s->A_log[l * s->HV + h], s->dt_bias[l * s->HV + h], s->scale,
+                              s->use_qk_l2norm, s->od + t * s->V, s->V, NULL, NULL);
+                compare_output(s, r, l, i, T, t, h, s->od + t * s->V);
+            }
+            for (int t = n; t < T; t++) compare_output(s, r, l, i, T, t, h, NULL);
+            if (fold) {
+                for (int64_t e = 0; e < head_elems; e++) state[e] = round_to(s->state_dtype, state[e]);
+                for (int j = 0; j < len; j++) {
+                    const int t = path[j];
+                    gdn__ref_head(1, s->K, s->V, state, s->qd + t * s->K, s->kd + t * s->K, s->K, s->vd + t * s->V,
+                                  s->V, s->ad + t, s->bd + t, s->A_log[l * s->HV + h], s->dt_bias[l * s->HV + h],
+                                  s->scale, s->use_qk_l2norm, s->od, s->V, NULL, NULL);
+                }
+            } else if (len > 0) {
+                const double *after = s->node_states + (int64_t)node * head_elems;
+                for (int64_t e = 0; e < head_elems; e++) state[e] = round_to(s->state_dtype, after[e]);
+            }
+        }
+    }
+    if (fold) r->unfolded = len > 0;
+    else if (len > 0) r->unfolded = 0;
+}
+
+/* A random draft tree of n nodes in par[0..n): mostly chains (a draft model's most likely path),
+ * branching at random. */
+static void random_tree(server *s, int n, int32_t *par)
+{
+    for (int t = 0; t < n; t++) par[t] = t == 0 || rng_uniform(&s->rng) < 0.5 ? t - 1 : rng_int(&s->rng, -1, t - 1);
 }
 
 /* Picks up to max_batch live requests round-robin, so that every live request keeps moving even when
@@ -681,12 +766,20 @@ static void run_step(server *s, int step_no)
      * per step would. */
     const int verify = s->max_tokens >= 2 && rng_uniform(&s->rng) < 0.5;
     const int T = verify ? rng_int(&s->rng, 2, s->max_tokens) : 1;
+    /* --tree: each row drafts its own tree of 1..T nodes (a row of 1 node is a plain decode row). */
+    const int tree = verify && s->opt.tree;
+    for (int i = 0; tree && i < batch; i++) {
+        s->counts[i] = rng_int(&s->rng, 1, T);
+        random_tree(s, s->counts[i], s->parents + (size_t)i * T);
+    }
     gdn_step step = {
         .kind = verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE,
         .tokens = T,
         .batch = batch,
         .slots = s->rows,
         .write_slots = NULL, /* each row writes back the slot it reads */
+        .token_counts = tree ? s->counts : NULL,
+        .parents = tree ? s->parents : NULL,
     };
     int32_t bucket = 0;
     CHECK(s->engine, gdn_engine_begin_step(s->engine, &step, NULL, &bucket));
@@ -716,8 +809,10 @@ static void run_step(server *s, int step_no)
     }
 
     /* The sampler: after a verify step it decides, per row, how many draft tokens survive (0..T) and
-     * writes the counts where commit reads them, in backend memory. Decode rows advance by 1. */
-    for (int i = 0; i < batch; i++) s->accepted[i] = verify ? rng_int(&s->rng, 0, T) : 1;
+     * writes the counts where commit reads them, in backend memory. Decode rows advance by 1. A tree
+     * step's sampler picks the accepted node instead (-1..n-1: one root path survives). */
+    for (int i = 0; i < batch; i++)
+        s->accepted[i] = tree ? rng_int(&s->rng, -1, s->counts[i] - 1) : verify ? rng_int(&s->rng, 0, T) : 1;
     if (verify) {
         CHECK(s->engine, gdn_engine_upload(s->engine, gdn_engine_accepted(s->engine), s->accepted,
                                            (size_t)batch * sizeof(int32_t), NULL));
@@ -730,18 +825,27 @@ static void run_step(server *s, int step_no)
     /* The independent check: the same tokens through the host reference. */
     int accepted_sum = 0;
     for (int i = 0; i < batch; i++) {
-        reference_row(s, i, T, s->accepted[i], verify);
+        if (tree) {
+            const int32_t *par = s->parents + (size_t)i * T;
+            int path[GDN_MAX_TOKENS];
+            reference_row_tree(s, i, T, s->counts[i], par, s->accepted[i]);
+            s->accepted[i] = tree_path(par, s->accepted[i], path); /* the tokens the request advances by */
+        } else {
+            reference_row(s, i, T, s->accepted[i], verify);
+        }
         accepted_sum += s->accepted[i];
     }
 
+    long tokens = 0; /* run through the layers: a tree row's nodes, else T a row */
+    for (int i = 0; i < batch; i++) tokens += tree ? s->counts[i] : T;
     if (verify) {
         s->steps_verify++;
-        s->tokens_proposed += (long)batch * T;
+        s->tokens_proposed += tokens;
         s->tokens_accepted += accepted_sum;
     } else {
         s->steps_decode++;
     }
-    s->tokens_run += (long)batch * T;
+    s->tokens_run += tokens;
     if (s->opt.verbose)
         printf("step %4d: %-6s T=%d batch %2d -> bucket %2d, accepted %3d/%3d, live %2d, waiting %d\n",
                step_no, verify ? "verify" : "decode", T, batch, (int)bucket, accepted_sum, batch * T,
@@ -835,6 +939,7 @@ int gdn_serving_loop_check(int argc, char **argv)
     }
     free(s.q), free(s.k), free(s.v), free(s.a), free(s.b), free(s.o);
     free(s.req), free(s.order), free(s.rows), free(s.accepted), free(s.state_io);
+    free(s.counts), free(s.parents), free(s.node_states);
     free(s.qd), free(s.kd), free(s.vd), free(s.od), free(s.ad), free(s.bd), free(s.S);
     free(s.bucket_use), free(s.A_log), free(s.dt_bias);
     return pass ? 0 : 1;

@@ -442,7 +442,7 @@ static void em_step(em *t, gdn_step_kind kind, int32_t T, int32_t B, const int32
     }
     pool_snap before;
     snap_take(t, &before);
-    const gdn_step step = {kind, T, B, rows, writes, 0};
+    const gdn_step step = {.kind = kind, .tokens = T, .batch = B, .slots = rows, .write_slots = writes};
     int32_t bucket = 0;
     gdn_status st = gdn_engine_begin_step(t->e, &step, NULL, &bucket);
     cr_assert_eq(st, GDN_OK, "step %d: begin_step: %s", t->step, gdn_status_name(st));
@@ -974,7 +974,7 @@ Test(engine_mixer, refused_calls_change_nothing)
     cr_assert_eq(gdn_slot_import_conv_async(e, 9, win, 3 * C, NULL), GDN_ESLOT_FREE);
     cr_assert_eq(gdn_slot_export_conv_async(e, 9, win, 3 * C, NULL), GDN_ESLOT_FREE);
     /* Busy: a verify that ran and awaits its commit needs slots 0..2 (the ring: reads too). */
-    const gdn_step step = {GDN_STEP_VERIFY, 2, 3, rows, NULL, 0};
+    const gdn_step step = {.kind = GDN_STEP_VERIFY, .tokens = 2, .batch = 3, .slots = rows};
     cr_assert_eq(gdn_engine_begin_step(e, &step, NULL, NULL), GDN_OK);
     cr_assert_eq(gdn_engine_run_step(e, NULL), GDN_OK);
     cr_assert_eq(gdn_slot_write_conv_state(e, 0, 1, win), GDN_ESLOT_BUSY);

@@ -15,7 +15,7 @@ Test(graphs, a_change_in_any_key_field_misses)
 {
     gdn__graph_cache cache;
     cr_assert_eq(gdn__graph_cache_init(&cache, 3, 4), GDN_OK);
-    const gdn__graph_key key = gdn__graph_key_make(GDN_STEP_VERIFY, 3, 8);
+    const gdn__graph_key key = gdn__graph_key_make(GDN_STEP_VERIFY, 3, 8, 0);
     gdn__graph_entry *slot = gdn__graph_cache_slot(&cache, &key, 1);
     cr_assert_not_null(slot);
     cr_assert_null(gdn__graph_cache_find(&cache, &key, 1), "nothing captured yet");
@@ -29,19 +29,29 @@ Test(graphs, a_change_in_any_key_field_misses)
     cr_assert_null(gdn__graph_cache_find(&cache, &other, 1), "tokens");
     other = key, other.bucket = 16;
     cr_assert_null(gdn__graph_cache_find(&cache, &other, 1), "bucket");
+    for (int32_t variant = 1; variant < GDN__GRAPH_VARIANTS; variant++) {
+        other = key, other.variant = variant;
+        cr_assert_null(gdn__graph_cache_find(&cache, &other, 1), "variant %d", variant);
+        cr_assert_not_null(gdn__graph_cache_slot(&cache, &other, 1));
+        cr_assert_neq(gdn__graph_cache_slot(&cache, &other, 1), slot, "variant %d has its own entry", variant);
+        other.kind = GDN__GRAPH_COMMIT;
+        cr_assert_neq(gdn__graph_cache_slot(&cache, &other, 1), slot, "and so does its commit");
+    }
+    other = key, other.kind = GDN_STEP_DECODE, other.tokens = 1, other.variant = GDN__VARIANT_COUNTS;
+    cr_assert_null(gdn__graph_cache_slot(&cache, &other, 1), "decode steps are plain");
     cr_assert_null(gdn__graph_cache_find(&cache, &key, 2), "bucket index");
     cr_assert_null(gdn__graph_cache_slot(&cache, &key, 3), "bucket index past the table");
-    const gdn__graph_key too_long = gdn__graph_key_make(GDN_STEP_VERIFY, 5, 8);
+    const gdn__graph_key too_long = gdn__graph_key_make(GDN_STEP_VERIFY, 5, 8, 0);
     cr_assert_null(gdn__graph_cache_slot(&cache, &too_long, 0), "T past max_tokens");
-    const gdn__graph_key decode = gdn__graph_key_make(GDN_STEP_DECODE, 1, 8);
+    const gdn__graph_key decode = gdn__graph_key_make(GDN_STEP_DECODE, 1, 8, 0);
     cr_assert_neq(gdn__graph_cache_slot(&cache, &decode, 1), slot, "decode and verify T=3 have their own entries");
-    const gdn__graph_key commit = gdn__graph_key_make(GDN__GRAPH_COMMIT, 3, 8);
+    const gdn__graph_key commit = gdn__graph_key_make(GDN__GRAPH_COMMIT, 3, 8, 0);
     cr_assert_not_null(gdn__graph_cache_slot(&cache, &commit, 1));
     cr_assert_neq(gdn__graph_cache_slot(&cache, &commit, 1), slot, "commit of T=3 has its own entry");
     cr_assert_null(gdn__graph_cache_find(&cache, &commit, 1), "and it misses the verify graph");
-    const gdn__graph_key decode_t2 = gdn__graph_key_make(GDN_STEP_DECODE, 2, 8);
+    const gdn__graph_key decode_t2 = gdn__graph_key_make(GDN_STEP_DECODE, 2, 8, 0);
     cr_assert_null(gdn__graph_cache_slot(&cache, &decode_t2, 1), "decode has T = 1 only");
-    cr_assert_eq(gdn__graph_cache_size(&cache), 3 * 9);
+    cr_assert_eq(gdn__graph_cache_size(&cache), 3 * (1 + 2 * GDN__GRAPH_VARIANTS * 4));
     gdn__graph_cache_release(&cache);
 }
 

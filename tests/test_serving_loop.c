@@ -22,3 +22,13 @@ Test(serving_loop, bad_arguments_are_refused)
     char *argv[] = {"serving-loop-check", "--steps", "-3"};
     cr_assert_eq(gdn_serving_loop_check(3, argv), 2);
 }
+
+static int run_tree(const char *verify, const char *state)
+{
+    char *argv[] = {"serving-loop-check", "--backend", "cpu", "--steps", "40", "--verify", (char *)verify, "--state",
+                    (char *)state, "--max-tokens", "16", "--max-batch", "8", "--tree", "--check-every", "10"};
+    return gdn_serving_loop_check((int)(sizeof argv / sizeof argv[0]), argv);
+}
+
+Test(serving_loop, token_trees_cache_bf16_state_match_the_reference) { cr_assert_eq(run_tree("cache", "bf16"), 0); }
+Test(serving_loop, token_trees_fold_fp32_state_match_the_reference) { cr_assert_eq(run_tree("fold", "f32"), 0); }

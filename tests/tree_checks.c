@@ -18,8 +18,9 @@
 #include "kernels/dtype_convert.h"
 #include "kernels/ref/gdn_spec.h"
 #include "support.h"
+#include "tree_model.h"
 
-enum { MAXT = 16, WARM = 3, MAX_DIM = 256, MAX_HV = 64 };
+enum { MAXT = TREE_MAX_NODES, WARM = 3, MAX_DIM = 256, MAX_HV = 64 };
 
 
 /* One set of step inputs, bf16, dense [B, MAXT, ...] (a step of T tokens reads them as [B, T, ...]). */
@@ -222,22 +223,12 @@ static void model_token(const tcase *c, int s, int32_t T, int32_t i, int32_t t, 
     const int32_t HK = c->HK, HV = c->HV, K = c->K, V = c->V;
     const int32_t kh = h / (HV / HK);
     const int64_t at = (int64_t)i * T + t;
-    double q[MAX_DIM], k[MAX_DIM], qs = 0, ks = 0;
-    for (int c2 = 0; c2 < K; c2++) {
-        q[c2] = gdn__bf16_to_f32(in->q[(at * HK + kh) * K + c2]), k[c2] = gdn__bf16_to_f32(in->k[(at * HK + kh) * K + c2]);
-        qs += q[c2] * q[c2], ks += k[c2] * k[c2];
-    }
-    const double x = gdn__bf16_to_f32(in->a[at * HV + h]) + c->dt_bias[h];
-    const double g = exp(-exp((double)c->A_log[h]) * (x <= 20 ? log1p(exp(x)) : x));
-    const double beta = 1.0 / (1.0 + exp(-(double)gdn__bf16_to_f32(in->b[at * HV + h])));
-    for (int c2 = 0; c2 < K; c2++) k[c2] /= sqrt(ks + 1e-6), q[c2] *= 1.0 / sqrt((double)K) / sqrt(qs + 1e-6);
-    for (int r = 0; r < V; r++) {
-        double *row = S + r * K, sk = 0, out = 0;
-        for (int c2 = 0; c2 < K; c2++) row[c2] *= g, sk += row[c2] * k[c2];
-        const double u = beta * (gdn__bf16_to_f32(in->v[(at * HV + h) * V + r]) - sk);
-        for (int c2 = 0; c2 < K; c2++) row[c2] += u * k[c2], out += row[c2] * q[c2];
-        if (o) o[r] = out;
-    }
+    double q[MAX_DIM], k[MAX_DIM], v[MAX_DIM];
+    for (int e = 0; e < K; e++)
+        q[e] = gdn__bf16_to_f32(in->q[(at * HK + kh) * K + e]), k[e] = gdn__bf16_to_f32(in->k[(at * HK + kh) * K + e]);
+    for (int e = 0; e < V; e++) v[e] = gdn__bf16_to_f32(in->v[(at * HV + h) * V + e]);
+    tree_model_token(K, V, S, q, k, v, gdn__bf16_to_f32(in->a[at * HV + h]), gdn__bf16_to_f32(in->b[at * HV + h]),
+                     c->A_log[h], c->dt_bias[h], 1.0 / sqrt((double)K), 1, o);
 }
 
 /* Row i's starting state for head h: its slot in pool0, then the warm-up's first two tokens when
@@ -257,29 +248,13 @@ static void model_start(const tcase *c, int32_t i, int32_t h, int warm, double *
 static void model_node(const tcase *c, int32_t T, int32_t i, const int32_t *par, int32_t node, int32_t h, int warm,
                        double *S, double *o)
 {
-    int32_t path[MAXT], len = 0;
-    for (int32_t t = node; t >= 0; t = par ? par[t] : t - 1) path[len++] = t;
+    int32_t path[MAXT];
+    const int32_t len = tree_path(par, node, path);
     model_start(c, i, h, warm, S);
-    for (int32_t j = len - 1; j >= 0; j--) model_token(c, 1, T, i, path[j], h, S, j == 0 ? o : NULL);
+    for (int32_t j = 0; j < len; j++) model_token(c, 1, T, i, path[j], h, S, j + 1 == len ? o : NULL);
 }
 
 /* ---- trees ---- */
-
-/* A random tree of n nodes: depth at most a random 1..n, at most a random 1..4 children a node. */
-static void random_tree(test_rng *rng, int32_t n, int32_t *par)
-{
-    const int32_t max_depth = 1 + test_rng_below(rng, n), max_children = 1 + test_rng_below(rng, 4);
-    int32_t depth[MAXT], children[MAXT + 1] = {0}; /* children[p + 1] */
-    for (int32_t t = 0; t < n; t++) {
-        int32_t pick[MAXT + 1], m = 0;
-        for (int pass = 0; pass < 2 && m == 0; pass++)
-            for (int32_t p = -1; p < t; p++)
-                if ((p < 0 || depth[p] < max_depth) && (pass == 1 || children[p + 1] < max_children)) pick[m++] = p;
-        par[t] = pick[test_rng_below(rng, m)];
-        depth[t] = par[t] < 0 ? 1 : depth[par[t]] + 1;
-        children[par[t] + 1]++;
-    }
-}
 
 /* The state of `slot` after the op (pending work written back), widened. */
 static void export_state(tcase *c, int32_t slot, double *S)
@@ -312,7 +287,7 @@ void tree_check_random(gdn_backend_kind backend, const char *preset, gdn_verify_
     for (int32_t i = 0; i < B; i++) {
         c->counts[i] = i == 0 ? 1 : 1 + test_rng_below(&rng, T); /* one n = 1 row */
         if (i == 1) c->counts[i] = T;
-        random_tree(&rng, c->counts[i], c->parents + (int64_t)i * T);
+        tree_random(&rng, c->counts[i], c->parents + (int64_t)i * T);
     }
     const gdn__tolerance tol = gdn__spec4_tolerance(sdt);
     double *S = malloc(sizeof(double) * V * K), *got = malloc(sizeof(double) * HV * V * K), o[MAX_DIM];

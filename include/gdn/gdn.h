@@ -96,13 +96,14 @@ GDN_API int gdn_version(void);
     XX(ECONFIG_CONV_POOL, -38, "config: mixer.conv_pool without the conv, or its strides too small or not one block per slot") \
     XX(ESTEP_KIND, -40, "step: kind must be GDN_STEP_DECODE or GDN_STEP_VERIFY")                   \
     XX(ESTEP_BATCH, -41, "step: batch must be between 0 and max_batch")                            \
-    XX(ESTEP_TOKENS, -42, "step: tokens must be 1 for decode and 1..max_tokens for verify")        \
+    XX(ESTEP_TOKENS, -42, "step: tokens must be 1 for decode and 1..max_tokens for verify; token counts 1..tokens, verify only") \
     XX(ESLOT_RANGE, -43, "slot index is >= num_slots")                                             \
     XX(ESLOT_FREE, -44, "slot is not allocated (never allocated, or already freed)")               \
     XX(ESLOT_DUP, -45, "the same slot appears twice in one step (or is read by one row and written by another)") \
     XX(ESLOT_EXHAUSTED, -46, "every slot is allocated")                                            \
     XX(ELAYER, -47, "layer index is out of range")                                                 \
-    XX(ESLOT_BUSY, -48, "slot belongs to the current step, which still has layers to run or a commit pending")
+    XX(ESLOT_BUSY, -48, "slot belongs to the current step, which still has layers to run or a commit pending") \
+    XX(ESTEP_PARENTS, -49, "step: a token's parent must be in -1..t-1 (token t < the row's count), verify only")
 
 typedef enum gdn_status {
 #define GDN__STATUS_ENUM(name, value, text) GDN_##name = value,
@@ -171,10 +172,11 @@ typedef enum gdn_verify_strategy {
 #define GDN_MAX_RING_LENGTH 32
 #define GDN_DEFAULT_RING_LENGTH 16
 
-/* When the CUDA backend captures a step's CUDA graph (one per bucket, T and step kind). */
+/* When the CUDA backend captures a step's CUDA graph (one per bucket, T and step kind; a verify step
+ * with token_counts or parents, gdn_step, has its own, captured on its first use in every mode). */
 typedef enum gdn_graph_mode {
     GDN_GRAPHS_LAZY = 0,      /* on the first step of that shape (that step pays for the capture) */
-    GDN_GRAPHS_AT_CREATE = 1, /* every shape in gdn_engine_create: no step ever captures */
+    GDN_GRAPHS_AT_CREATE = 1, /* every plain shape in gdn_engine_create: no plain step ever captures */
     GDN_GRAPHS_OFF = 2,       /* launch each layer directly (also forced by GDN_DISABLE_GRAPHS=1) */
 } gdn_graph_mode;
 
@@ -302,7 +304,9 @@ typedef struct gdn_engine_config {
     void *graph_progress_user;
     /*
      * What a step's graph contains (may be NULL: every layer's GDN update, in layer order). When set,
-     * the engine calls it inside the capture of each (bucket, T, kind) with the capture stream; it
+     * the engine calls it inside the capture of each (bucket, T, kind; and, for a verify step,
+     * each combination of token_counts and parents it meets, which the callback need not know:
+     * run_layer and commit take them from the capture) with the capture stream; it
      * enqueues the caller's own work on that stream and calls gdn_engine_run_layer(engine, l,
      * capture_stream) for every layer exactly once (and, for a verify step, may end with
      * gdn_engine_commit(engine, capture_stream) so that the replayed graph commits too). Whatever the
@@ -394,7 +398,7 @@ typedef struct gdn_memory_report {
     uint64_t ring;         /* per-slot token records and ring counts (ring strategy) */
     uint64_t io_buffers;   /* q, k, v (or x), a, b, z, o for every layer */
     uint64_t parameters;   /* A_log, dt_bias, the mixer's weights */
-    uint64_t indices;      /* slot indices, accepted counts, error flag */
+    uint64_t indices;      /* slot indices, token counts and parents, accepted counts, error flag */
     uint64_t total;
 } gdn_memory_report;
 
@@ -524,10 +528,17 @@ GDN_API gdn_status gdn_engine_layer_io(gdn_engine *engine, int32_t layer, gdn_la
 GDN_API gdn_status gdn_engine_conv_pool(gdn_engine *engine, int32_t layer, gdn_conv_pool *pool);
 
 /*
- * The accepted-count buffer, int32 [max_batch] in backend memory. After a verify step the caller's
- * sampler writes accepted[i] in [0, T] for each row i (on the device, on the CUDA backend), then calls
- * gdn_engine_commit. Values outside [0, T] are clamped and raise the device error flag
- * (gdn_engine_check_device_error: GDN_EDEVICE); the row commits the clamped count.
+ * The accepted buffer, int32 [max_batch] in backend memory. After a verify step the caller's sampler
+ * writes one value per row i (on the device, on the CUDA backend), then calls gdn_engine_commit. What
+ * the value means depends on the step (gdn_step):
+ *   - a plain step: the accepted count in [0, T];
+ *   - a step with token_counts and no parents: the accepted count in [0, n[i]];
+ *   - a step with parents (a token tree): the ACCEPTED NODE in [-1, n[i] - 1] (n[i] = T without
+ *     counts), -1 meaning nothing accepted; the row's state becomes the state after that node, its
+ *     path being the node's ancestors and itself.
+ * A count out of range is clamped, the row commits the clamped count; a node out of range (or a
+ * row the step treated as padding for a bad count or parent) leaves the row's state unchanged. Both
+ * raise the device error flag (gdn_engine_check_device_error: GDN_EDEVICE).
  */
 GDN_API int32_t *gdn_engine_accepted(gdn_engine *engine);
 
@@ -548,6 +559,25 @@ typedef struct gdn_step {
     const int32_t *slots;       /* host [batch]: the slot each row reads; < 0 marks a padding row */
     const int32_t *write_slots; /* host [batch] or NULL (= slots): where the row's new state goes */
     uint32_t flags;             /* 0, or GDN_STEP_CALLER_WORK */
+    /*
+     * Per-row token counts and token trees (SPEC 3), verify steps only; both NULL (a zeroed
+     * gdn_step) is the plain step: every row runs its T tokens as a chain. Both are host arrays,
+     * checked and staged by begin_step with the rows (they reach the device in the same copy) and
+     * not read after it returns. Padding rows (slot < 0) ignore theirs.
+     *   token_counts: host [batch] or NULL. Row i runs n[i] in 1..tokens tokens (requests with
+     *     different draft lengths, and plain decode rows with n[i] = 1, in one step); its positions
+     *     t >= n[i] are padding: zero output, no state effect. A count outside 1..tokens, or any
+     *     counts on a decode step: GDN_ESTEP_TOKENS.
+     *   parents: host [batch][tokens] (row i at parents + i * tokens) or NULL (chains). Token t of
+     *     row i runs from the state after its parent p in -1..t-1 (-1: the slot's state) and its
+     *     output is read from the state after it; a chain is p = t - 1. Entries at t >= n[i] are
+     *     ignored. A parent outside -1..t-1, or any parents on a decode step: GDN_ESTEP_PARENTS.
+     * What the commit reads from gdn_engine_accepted follows: with parents, the accepted node of
+     * each row; with counts alone, the accepted count clamped to 0..n[i]. Each combination (counts
+     * or not, parents or not) has its own step and commit graphs, captured on first use.
+     */
+    const int32_t *token_counts;
+    const int32_t *parents;
 } gdn_step;
 
 /*
@@ -559,9 +589,13 @@ typedef struct gdn_step {
  * waits for it. Errors, each leaving the engine unchanged:
  * GDN_ESTEP_KIND, GDN_ESTEP_BATCH, GDN_ESTEP_TOKENS, GDN_ESLOT_RANGE (>= num_slots), GDN_ESLOT_FREE
  * (not allocated), GDN_ESLOT_DUP (a slot read by two rows, written by two rows, or written by a row
- * that does not read it while another row reads it). A verify step that was run but not committed
- * is dropped by the next begin (as if every row accepted 0 tokens). *bucket (may be NULL) receives the
- * padded batch size.
+ * that does not read it while another row reads it); for token_counts and parents (gdn_step):
+ * GDN_ESTEP_TOKENS (a count outside 1..tokens, or counts on a decode step), GDN_ESTEP_PARENTS (a
+ * parent outside -1..t-1, or parents on a decode step), GDN_ENOTSUP (either one on an engine with
+ * the mixer, config.mixer, or on a backend whose kernels do not run them yet: the CUDA backend in
+ * this version). These are checked on the host; nothing of them is left to the device flag. A
+ * verify step that was run but not committed is dropped by the next begin (as if every row accepted
+ * 0 tokens). *bucket (may be NULL) receives the padded batch size.
  */
 GDN_API gdn_status gdn_engine_begin_step(gdn_engine *engine, const gdn_step *step, void *stream,
                                          int32_t *bucket);
@@ -581,8 +615,10 @@ GDN_API gdn_status gdn_engine_run_step(gdn_engine *engine, void *stream);
 /*
  * Advances each row of the current verify step by accepted[i] tokens (gdn_engine_accepted), for all
  * layers, reading the counts in backend memory on `stream`: no host synchronisation. Rows with 0 keep
- * their state. GDN_EMISUSE unless the current step is a verify step that ran on every layer and has
- * not been committed.
+ * their state. A step with token_counts clamps each count to 0..n[i]; a step with parents reads
+ * accepted[i] as the accepted node (-1..n[i] - 1, -1: the row keeps its state) and sets the row's
+ * state to the state after that node. GDN_EMISUSE unless the current step is a verify step that ran
+ * on every layer and has not been committed.
  */
 GDN_API gdn_status gdn_engine_commit(gdn_engine *engine, void *stream);
 
@@ -593,11 +629,15 @@ GDN_API gdn_status gdn_engine_commit(gdn_engine *engine, void *stream);
  *     advances all of its bookkeeping at once: its rows are staged for the work that follows, every
  *     layer counts as run and a verify step as committed (so slots may be freed right away). The
  *     step's work must then reach the stream before the next begin_step.
- *   - The work is pure enqueues for the begun step's (bucket, kind, T), valid inside a capture:
- *     gdn_engine_enqueue_rows first (the step's rows to the device), then gdn_engine_enqueue_layer
+ *   - The work is pure enqueues for the begun step's (bucket, kind, T, and whether it has
+ *     token_counts and whether it has parents: their device arrays are baked into the layer and
+ *     commit launches), valid inside a capture:
+ *     gdn_engine_enqueue_rows first (the step's rows, counts and parents to the device), then gdn_engine_enqueue_layer
  *     for every layer, each once, in any order between the caller's own kernels, then, for a verify
- *     step, gdn_engine_enqueue_commit after the caller's sampler has written the accepted counts.
- * Capture those calls once per shape; afterwards each step is begin_step(..., CALLER_WORK) and a
+ *     step, gdn_engine_enqueue_commit after the caller's sampler has written the accepted counts
+ *     (or nodes: gdn_engine_accepted).
+ * Capture those calls once per shape (a step with counts or parents is another shape than the
+ * plain step of the same bucket and T); afterwards each step is begin_step(..., CALLER_WORK) and a
  * launch of the graph of the returned bucket. The engine-tracked calls (run_layer, run_step,
  * commit) refuse a CALLER_WORK step, and return GDN_EMISUSE on a stream that a capture not made by
  * the engine is recording (they would bake one step's bookkeeping into a graph), as do
