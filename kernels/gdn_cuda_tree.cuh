@@ -21,7 +21,7 @@
 struct tree_shared {
     float *uown;   /* [T][rows] corrections u of the CTA's rows (0 for padding tokens) */
     float *c0;     /* [T] exp(P_parent): the coefficient of B k^_t and B q^_t */
-    float *ck;     /* [T][T] coefficient of u_j in S_p k^_t (0 unless j is an ancestor of t) */
+    float *ck;     /* [T][T] coefficient of u_j in S_p k^_t (read for ancestors j of t only) */
     float *cq;     /* [T][T] the same in S_p q^_t */
     float *logd;   /* [T] each own token's log decay, then its P */
     uint32_t *ancestors; /* [T] bit j: token j is an ancestor of token t */
@@ -93,11 +93,13 @@ __device__ __forceinline__ void tree_token(const float (&st)[Geo::RT][Geo::NV][G
     float dk[Geo::RT], dq[Geo::RT];
     row_products<Geo, true>(st, tv, dk, dq);
     const float base = ts.c0[t] * decay;
+    const uint32_t ancestors = ts.ancestors[t];
 #pragma unroll
     for (int rt = 0; rt < Geo::RT; rt++) {
         const int local = local_row0 + rt * Geo::G;
         float sk = base * dk[rt], sq = base * dq[rt];
-        for (int j = 0; j < t; j++) { /* non-ancestors have zero coefficients */
+        for (uint32_t rest = ancestors; rest; rest &= rest - 1) { /* the path only: O(depth), not O(t) */
+            const int j = __ffs(rest) - 1;
             const float u = ts.uown[(size_t)j * rows + local];
             sk = fmaf(ts.ck[t * T + j], u, sk);
             sq = fmaf(ts.cq[t * T + j], u, sq);
