@@ -76,5 +76,19 @@ int gdn_bench_engine_main(int argc, char **argv);                      /* bench_
 int gdn_bench_strategies_main(int argc, char **argv);                  /* bench_strategies.c */
 int gdn_bench_drift_main(int argc, char **argv);                       /* bench_drift.c */
 int gdn_bench_tree_main(int argc, char **argv);                        /* bench_tree.c */
+/* bench_separate.cu: the mixer's conv and gated norm as separate kernels around the recurrence (the
+ * baseline of gdn-bench --engine --separate). x [rows][conv_dim], z and y [rows][HV][V] (rows = batch
+ * x tokens), window [layers][num_slots][W - 1][conv_dim], weight [conv_dim][W], bias [conv_dim]: bf16;
+ * norm_weight [V] fp32. */
+typedef struct gdn_bench_separate {
+    int32_t HK, HV, K, V, conv_width, conv_dim, num_slots;
+    float norm_eps;
+    void *x, *window, *weight, *bias, *z, *y;
+    float *norm_weight;
+} gdn_bench_separate;
+int gdn_bench_separate_conv(const gdn_bench_separate *c, int32_t layer, const int32_t *read_slots, int32_t bucket,
+                            int32_t T, void *q, void *k, void *v, cudaStream_t s);
+int gdn_bench_separate_norm(const gdn_bench_separate *c, const void *o, int o_is_f32, const int32_t *read_slots,
+                            int32_t bucket, int32_t T, cudaStream_t s);
 
 #endif /* GDN_BENCH_COMMON_H */

@@ -23,7 +23,12 @@
  *   gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--host-burst N]
  *                      [--verify auto|cache|fold|ring] [--ring-length L] [--mixer] [--json FILE]
  * --mixer: every layer runs the whole mixer step (SPEC 6: conv W = 4 with its window, the recurrence,
- * the gated norm; random bf16 conv weights and bias, norm weights near 1). 
+ * the gated norm; random bf16 conv weights and bias, norm weights near 1).
+ * --separate: the same work as separate kernels, the fused step's baseline (issue 15): the engine
+ * runs the recurrence only, and its step graph (a capture callback, graphs captured lazily) holds per
+ * layer a conv kernel (into q, k, v; a decode moves the window), the layer, and a gated-norm kernel
+ * (bench_separate.cu). Only the graph column includes them: the direct and kernel-sum columns run
+ * the recurrence alone.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -234,6 +239,54 @@ int gdn_bench_fill_inputs(gdn_engine *e, const gdn_engine_config *c)
     return 0;
 }
 
+/* --separate: per layer, the conv kernel, the engine's recurrence, the gated-norm kernel. */
+typedef struct separate_run {
+    gdn_bench_separate sep;
+    int o_is_f32;
+} separate_run;
+
+static gdn_status separate_capture(void *user, gdn_engine *e, gdn_step_kind kind, int32_t tokens, int32_t bucket,
+                                   void *stream)
+{
+    (void)kind;
+    const separate_run *run = user;
+    const int32_t *read_slots = NULL;
+    gdn_status status = gdn_engine_step_rows(e, &read_slots, NULL, NULL);
+    for (int32_t l = 0; status == GDN_OK && l < gdn_engine_get_config(e)->model.num_layers; l++) {
+        gdn_layer_io io;
+        status = gdn_engine_layer_io(e, l, &io);
+        if (status == GDN_OK && gdn_bench_separate_conv(&run->sep, l, read_slots, bucket, tokens, io.q, io.k, io.v, stream))
+            status = GDN_ECUDA;
+        if (status == GDN_OK) status = gdn_engine_run_layer(e, l, stream);
+        if (status == GDN_OK && gdn_bench_separate_norm(&run->sep, io.o, run->o_is_f32, read_slots, bucket, tokens, stream))
+            status = GDN_ECUDA;
+    }
+    return status;
+}
+
+/* Device buffers of --separate, filled with a nonzero bf16 pattern (the timing does not depend on the
+ * values, but zeros are never timed). */
+static int separate_setup(separate_run *run, const gdn_model_config *m, int32_t slots, int32_t rows)
+{
+    gdn_bench_separate *c = &run->sep;
+    *c = (gdn_bench_separate){.HK = m->num_k_heads, .HV = m->num_v_heads, .K = m->head_dim_k, .V = m->head_dim_v,
+                              .conv_width = 4, .num_slots = slots, .norm_eps = 1e-6f};
+    c->conv_dim = 2 * c->HK * c->K + c->HV * c->V;
+    const size_t io = (size_t)rows * c->HV * c->V * 2;
+    const size_t sizes[6] = {(size_t)rows * c->conv_dim * 2, (size_t)m->num_layers * slots * 3 * c->conv_dim * 2,
+                             (size_t)c->conv_dim * 4 * 2, (size_t)c->conv_dim * 2, io, io};
+    void **ptrs[6] = {&c->x, &c->window, &c->weight, &c->bias, &c->z, &c->y};
+    for (int n = 0; n < 6; n++) {
+        CHECK_CUDA(cudaMalloc(ptrs[n], sizes[n]));
+        CHECK_CUDA(cudaMemset(*ptrs[n], 0x3c, sizes[n])); /* bf16 0x3c3c, about 0.0115 */
+    }
+    float norm_w[256];
+    for (int32_t v = 0; v < c->V && v < 256; v++) norm_w[v] = 1.0f + 0.001f * (float)v;
+    CHECK_CUDA(cudaMalloc((void **)&c->norm_weight, sizeof(float) * (size_t)c->V));
+    CHECK_CUDA(cudaMemcpy(c->norm_weight, norm_w, sizeof(float) * (size_t)c->V, cudaMemcpyHostToDevice));
+    return 0;
+}
+
 static void progress(void *user, int32_t done, int32_t total)
 {
     (void)user;
@@ -248,7 +301,7 @@ int gdn_bench_engine_main(int argc, char **argv)
     const char *json = NULL;
     gdn_verify_strategy verify = GDN_VERIFY_AUTO; /* the library's default unless asked */
     int32_t ring_length = 0;                      /* 0: the library's default */
-    int mixer = 0;
+    int mixer = 0, separate = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--state") && v) state = strcmp(argv[++i], "f32") == 0 ? GDN_DTYPE_F32 : GDN_DTYPE_BF16;
@@ -262,6 +315,7 @@ int gdn_bench_engine_main(int argc, char **argv)
         } else if (!strcmp(a, "--ring-length") && v) ring_length = atoi(argv[++i]);
         else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
         else if (!strcmp(a, "--mixer")) mixer = 1;
+        else if (!strcmp(a, "--separate")) separate = 1;
         else if (!strcmp(a, "--max-batch") && v) max_batch = atoi(argv[++i]);
         else if (!strcmp(a, "--json") && v) json = argv[++i];
         else if (!strcmp(a, "--host-burst") && v) {
@@ -272,7 +326,7 @@ int gdn_bench_engine_main(int argc, char **argv)
             for (char *tok = strtok(argv[++i], ","); tok && n_tokens < 8; tok = strtok(NULL, ",")) tokens[n_tokens++] = atoi(tok);
         } else {
             fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] "
-                            "[--host-burst 1..12] [--verify auto|cache|fold|ring] [--ring-length 4..32] [--mixer] [--json FILE]\n");
+                            "[--host-burst 1..12] [--verify auto|cache|fold|ring] [--ring-length 4..32] [--mixer | --separate] [--json FILE]\n");
             return 2;
         }
     }
@@ -294,6 +348,13 @@ int gdn_bench_engine_main(int argc, char **argv)
     c.graph_mode = GDN_GRAPHS_AT_CREATE;
     c.graph_progress = progress;
     if (mixer) c.mixer = (gdn_mixer_config){.conv_width = 4, .conv_weight_dtype = GDN_DTYPE_BF16, .use_norm = 1};
+    static separate_run run;
+    if (separate) {
+        if (mixer || separate_setup(&run, &model, c.num_slots, max_batch * max_tokens)) return 1;
+        run.o_is_f32 = c.output_dtype == GDN_DTYPE_F32;
+        c.capture = separate_capture, c.capture_user = &run;
+        c.graph_mode = GDN_GRAPHS_LAZY; /* the callback reads the step's rows buffer */
+    }
     gdn_engine *e = NULL;
     const double t_create = now_us();
     CHECK_GDN(gdn_engine_create(&c, &e));
@@ -310,7 +371,9 @@ int gdn_bench_engine_main(int argc, char **argv)
         snprintf(ring_note, sizeof ring_note, " (ring length %d; GPU times: means over whole ring cycles)", ring_len);
     printf("engine: qwen3-next x %d layers%s, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify%s; created"
            " in %.0f ms (graphs included); host timed in bursts of %d steps\n", layers,
-           mixer ? " (whole mixer step: conv W 4, gated norm)" : "",
+           mixer      ? " (whole mixer step: conv W 4, gated norm)"
+           : separate ? " (recurrence + separate conv W 4 and gated-norm kernels; graph column only)"
+                      : "",
            state == GDN_DTYPE_F32 ? "f32" : "bf16", max_batch, max_batch, max_tokens, rc->num_buckets, strategy, ring_note,
            create_ms, host_burst);
     printf("device memory: pools %.2f GiB, verify cache %.2f GiB, token store %.2f GiB, ring %.2f GiB (%.2f%% of the pools), "
