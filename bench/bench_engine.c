@@ -21,7 +21,8 @@
  * The other strategies keep their medians of 8-step samples (one step for direct launches).
  *
  *   gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--host-burst N]
- *                      [--verify auto|cache|fold|ring] [--ring-length L] [--mixer] [--json FILE]
+ *                      [--verify auto|cache|fold|ring] [--ring-length L] [--mixer | --separate] [--bucket N]
+ *                      [--json FILE]
  * --mixer: every layer runs the whole mixer step (SPEC 6: conv W = 4 with its window, the recurrence,
  * the gated norm; random bf16 conv weights and bias, norm weights near 1).
  * --separate: the same work as separate kernels, the fused step's baseline (issue 15): the engine
@@ -302,6 +303,7 @@ int gdn_bench_engine_main(int argc, char **argv)
     gdn_verify_strategy verify = GDN_VERIFY_AUTO; /* the library's default unless asked */
     int32_t ring_length = 0;                      /* 0: the library's default */
     int mixer = 0, separate = 0;
+    int32_t only_bucket = 0; /* --bucket N: that bucket alone (for profilers) */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--state") && v) state = strcmp(argv[++i], "f32") == 0 ? GDN_DTYPE_F32 : GDN_DTYPE_BF16;
@@ -316,6 +318,7 @@ int gdn_bench_engine_main(int argc, char **argv)
         else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
         else if (!strcmp(a, "--mixer")) mixer = 1;
         else if (!strcmp(a, "--separate")) separate = 1;
+        else if (!strcmp(a, "--bucket") && v) only_bucket = atoi(argv[++i]);
         else if (!strcmp(a, "--max-batch") && v) max_batch = atoi(argv[++i]);
         else if (!strcmp(a, "--json") && v) json = argv[++i];
         else if (!strcmp(a, "--host-burst") && v) {
@@ -326,7 +329,8 @@ int gdn_bench_engine_main(int argc, char **argv)
             for (char *tok = strtok(argv[++i], ","); tok && n_tokens < 8; tok = strtok(NULL, ",")) tokens[n_tokens++] = atoi(tok);
         } else {
             fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] "
-                            "[--host-burst 1..12] [--verify auto|cache|fold|ring] [--ring-length 4..32] [--mixer | --separate] [--json FILE]\n");
+                            "[--host-burst 1..12] [--verify auto|cache|fold|ring] [--ring-length 4..32] [--mixer | --separate] [--bucket N] "
+                            "[--json FILE]\n");
             return 2;
         }
     }
@@ -407,6 +411,7 @@ int gdn_bench_engine_main(int argc, char **argv)
            "graph us", "direct us", "kernel sum", "graph / sum");
     for (size_t bi = 0; bi < sizeof bucket_list / sizeof bucket_list[0]; bi++) {
         if (bucket_list[bi] > max_batch) break;
+        if (only_bucket && bucket_list[bi] != only_bucket) continue;
         for (int ti = 0; ti < n_tokens && n_rows < 64; ti++) {
             engine_row *r = &rows[n_rows];
             r->bucket = bucket_list[bi], r->tokens = tokens[ti];
