@@ -32,6 +32,7 @@ typedef struct gm_cfg {
     gdn_dtype pool_dtype, weight_dtype, out_dtype;
     int32_t W;                     /* conv width; 0: no conv */
     int norm, vllm_layout, bias;
+    int counts;                    /* verify steps give each row its own token count (SPEC 3) */
     int32_t steps;
     uint64_t seed;
 } gm_cfg;
@@ -48,7 +49,7 @@ typedef struct gm_side {
     gdn__backend be;
     gdn_op_layer op;
     gdn_mixer mixer;
-    void *in, *out, *pool, *conv, *ws, *slots, *writes, *accepted, *params, *weights, *bias, *norm_w;
+    void *in, *out, *pool, *conv, *ws, *slots, *writes, *accepted, *counts, *params, *weights, *bias, *norm_w;
 } gm_side;
 
 static void *side_alloc(gm_side *s, size_t bytes)
@@ -101,6 +102,7 @@ static void side_create(gm_side *s, gdn_backend_kind kind, const gm_cfg *c, cons
     s->slots = side_alloc(s, MAX_ROWS * sizeof(int32_t));
     s->writes = side_alloc(s, MAX_ROWS * sizeof(int32_t));
     s->accepted = side_alloc(s, MAX_ROWS * sizeof(int32_t));
+    s->counts = side_alloc(s, MAX_ROWS * sizeof(int32_t));
     s->params = side_alloc(s, 2 * (size_t)g->HV * sizeof(float));
     s->weights = side_alloc(s, g->weight_bytes);
     s->bias = side_alloc(s, (size_t)g->C * gdn_dtype_size(c->weight_dtype));
@@ -149,7 +151,8 @@ static void side_create(gm_side *s, gdn_backend_kind kind, const gm_cfg *c, cons
 
 static void side_free(gm_side *s)
 {
-    void *all[] = {s->in, s->out, s->pool, s->conv, s->ws, s->slots, s->writes, s->accepted, s->params, s->weights, s->bias, s->norm_w};
+    void *all[] = {s->in, s->out, s->pool, s->conv, s->ws, s->slots, s->writes, s->accepted, s->counts, s->params, s->weights, s->bias,
+                   s->norm_w};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) s->be.iface->free(s->be.ctx, all[i]);
     s->be.iface->destroy(s->be.ctx);
 }
@@ -279,7 +282,7 @@ static void run_step(gm_run *run, int step)
     const int32_t T = verify ? 2 + test_rng_below(&run->rng, MAX_T - 1) : 1;
     const int32_t B = 1 + test_rng_below(&run->rng, MAX_ROWS);
     /* distinct slots from 0..SPARE_SLOT-1; a row may write another unused slot; one may be padding */
-    int32_t perm[SPARE_SLOT], rows[MAX_ROWS], writes[MAX_ROWS], accepted[MAX_ROWS];
+    int32_t perm[SPARE_SLOT], rows[MAX_ROWS], writes[MAX_ROWS], accepted[MAX_ROWS], counts[MAX_ROWS];
     for (int32_t s = 0; s < SPARE_SLOT; s++) perm[s] = s;
     for (int32_t s = SPARE_SLOT - 1; s > 0; s--) {
         const int32_t j = test_rng_below(&run->rng, s + 1), t = perm[s];
@@ -289,7 +292,10 @@ static void run_step(gm_run *run, int step)
     for (int32_t i = 0; i < B; i++) rows[i] = perm[next++];
     for (int32_t i = 0; i < B; i++) writes[i] = next < SPARE_SLOT && test_rng_below(&run->rng, 4) == 0 ? perm[next++] : rows[i];
     if (B > 1 && test_rng_below(&run->rng, 3) == 0) rows[test_rng_below(&run->rng, B)] = -1;
-    for (int32_t i = 0; i < B; i++) accepted[i] = test_rng_below(&run->rng, T + 1);
+    /* with counts: row 0 has n = 1 (a decode row inside the verify), the others 1..T */
+    const int with_counts = verify && c->counts;
+    for (int32_t i = 0; i < B; i++) counts[i] = with_counts ? (i == 0 ? 1 : 1 + test_rng_below(&run->rng, T)) : T;
+    for (int32_t i = 0; i < B; i++) accepted[i] = test_rng_below(&run->rng, counts[i] + 1);
 
     uint16_t *in = malloc(g->in_bytes);
     for (size_t e = 0; e < g->in_bytes / 2; e++) in[e] = bf16_of(test_rng_normal(&run->rng));
@@ -297,6 +303,7 @@ static void run_step(gm_run *run, int step)
     PUT_BOTH(sides, slots, rows, (size_t)B * sizeof(int32_t));
     PUT_BOTH(sides, writes, writes, (size_t)B * sizeof(int32_t));
     PUT_BOTH(sides, accepted, accepted, (size_t)B * sizeof(int32_t));
+    PUT_BOTH(sides, counts, counts, (size_t)B * sizeof(int32_t));
     memset(run->host_out[0], 0xff, g->out_bytes); /* NaN in either dtype */
     PUT_BOTH(sides, out, run->host_out[0], g->out_bytes);
     free(in);
@@ -309,6 +316,7 @@ static void run_step(gm_run *run, int step)
         s->op.tokens = T;
         s->op.batch = B;
         s->op.write_slots = s->writes;
+        s->op.token_counts = with_counts ? s->counts : NULL;
         gdn_status status = gdn_op_layer_step(&s->op, NULL);
         cr_assert_eq(status, GDN_OK, "step %d (%s): %s", step, n ? "cuda" : "cpu", gdn_status_name(status));
         if (verify) {
@@ -327,8 +335,9 @@ static void run_step(gm_run *run, int step)
                     const int64_t e = out_at(g, i, t, h, d);
                     written[e] = 1;
                     const double want = value_at(run->host_out[0], c->out_dtype, e), got = value_at(run->host_out[1], c->out_dtype, e);
-                    if (rows[i] < 0) {
-                        cr_assert(got == 0.0 && want == 0.0, "step %d: padding row %d output (%d, %d, %d) = %g", step, i, t, h, d, got);
+                    if (rows[i] < 0 || t >= counts[i]) {
+                        cr_assert(got == 0.0 && want == 0.0, "step %d: padding row or token, row %d output (%d, %d, %d) = %g (cpu %g)",
+                                  step, i, t, h, d, got, want);
                         continue;
                     }
                     cr_assert(isfinite(got), "step %d: row %d token %d head %d [%d] not written (%g)", step, i, t, h, d, got);
@@ -425,6 +434,18 @@ GPU_MIXER_TEST(qwen3_next_heads_cache_bf16, .HK = 16, .HV = 32, .strategy = GDN_
                .seed = 8)
 GPU_MIXER_TEST(qwen3_next_heads_fold_f32, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_FOLD, .pool_dtype = GDN_DTYPE_F32,
                .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .steps = 8, .seed = 9)
+/* Per-row token counts in the verify steps (positions past a row's count: exactly 0 on both sides). */
+GPU_MIXER_TEST(token_counts_cache, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_CACHE, .pool_dtype = GDN_DTYPE_F32,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .bias = 1, .counts = 1, .seed = 10)
+GPU_MIXER_TEST(token_counts_fold_bf16_vllm_window, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_FOLD, .pool_dtype = GDN_DTYPE_BF16,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_F32, .W = 4, .norm = 1, .vllm_layout = 1, .counts = 1,
+               .seed = 11)
+GPU_MIXER_TEST(token_counts_qwen3_next_heads_fold_bf16, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_FOLD,
+               .pool_dtype = GDN_DTYPE_BF16, .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1,
+               .bias = 1, .counts = 1, .steps = 8, .seed = 12)
+GPU_MIXER_TEST(token_counts_qwen3_next_heads_cache_f32, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_CACHE,
+               .pool_dtype = GDN_DTYPE_F32, .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1,
+               .counts = 1, .steps = 8, .seed = 13)
 
 /* What the fused kernel does not run is refused on CUDA with GDN_ENOTSUP, changing nothing. */
 Test(gpu_mixer, ring_and_other_head_sizes_are_refused, .timeout = 600)

@@ -60,6 +60,7 @@ typedef struct mix_cfg {
     gdn_dtype weight_dtype;
     int no_conv, no_bias, no_norm, vllm_layout; /* no_conv: q, k, v given */
     int dense_views; /* x (or q, k, v), z, a, b dense [B, T, ...] tensors of the step's T, not slices */
+    int counts;      /* run_sequence: verify steps give each row its own token count (SPEC 3) */
     uint64_t seed;
 } mix_cfg;
 
@@ -88,6 +89,7 @@ typedef struct mix {
     float *norm_w, *params;
     int32_t rows[MAX_ROWS], accepted[MAX_ROWS];
     const int32_t *writes; /* the next steps' write slots (host [B]), or NULL: the read slots */
+    const int32_t *counts; /* the next verify steps' token counts (host [B]), or NULL: every row T */
     int32_t write_slots[MAX_ROWS];
     int32_t error_flag;
     /* the oracle */
@@ -428,6 +430,8 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
     op->write_slots = mx->writes ? mx->write_slots : NULL;
     if (accepted) memcpy(mx->accepted, accepted, sizeof(int32_t) * (size_t)B);
     op->kind = kind, op->tokens = T, op->batch = B;
+    const int32_t *counts = kind == GDN_STEP_VERIFY ? mx->counts : NULL;
+    op->token_counts = counts;
     unsigned char *pool0 = malloc(mx->pool_bytes);
     memcpy(pool0, mx->pool, mx->pool_bytes);
     uint16_t *conv0 = mx->conv ? malloc(mx->conv_elems * 2) : NULL;
@@ -478,7 +482,9 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
              * The outputs come from the state before that store (the kernel keeps it unrounded); the
              * accepted tokens then run from the stored state. Cache: the commit stores the state after
              * the accepted tokens. */
-            const int32_t n = accepted[i] < 0 ? 0 : (accepted[i] > T ? T : accepted[i]);
+            /* With counts the row runs its first Ti tokens (the rest are padding), and accepts at most Ti. */
+            const int32_t Ti = counts ? counts[i] : T;
+            const int32_t n = accepted[i] < 0 ? 0 : (accepted[i] > Ti ? Ti : accepted[i]);
             const int store_first = strategy == GDN_VERIFY_FOLD ||
                                     (strategy == GDN_VERIFY_RING && (fork || pending + T > (RING_LENGTH > MAX_T ? RING_LENGTH : MAX_T)));
             gdn__mixer_ref_slot copy;
@@ -489,11 +495,11 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
                  * over the stored (rounded) state, the accepted tokens give the unrounded run plus the
                  * store's rounding error decayed by their gates. */
                 if (mx->fresh_oracle) {
-                    cr_assert_eq(gdn__ref_mixer_run(&mx->m, &copy, T, x, a, b, z, out), GDN_OK);
+                    cr_assert_eq(gdn__ref_mixer_run(&mx->m, &copy, Ti, x, a, b, z, out), GDN_OK);
                     gdn__ref_mixer_slot_copy(&mx->m, &copy, cur);
                     if (n > 0) cr_assert_eq(gdn__ref_mixer_run(&mx->m, &copy, n, x, a, b, z, scratch), GDN_OK);
                 } else {
-                    cr_assert_eq(gdn__ref_mixer_verify_commit(&mx->m, &copy, T, x, a, b, z, accepted[i], out), GDN_OK);
+                    cr_assert_eq(gdn__ref_mixer_verify_commit(&mx->m, &copy, Ti, x, a, b, z, n, out), GDN_OK);
                 }
                 gdn__mixer_ref_slot ck;
                 cr_assert_eq(gdn__ref_mixer_slot_init(&ck, &mx->m), GDN_OK);
@@ -512,11 +518,11 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
                 gdn__ref_mixer_slot_free(&ck);
                 gdn__ref_mixer_slot_copy(&mx->m, cur, &copy);
             } else if (mx->fresh_oracle) { /* outputs from a copy; the slot runs exactly the accepted tokens */
-                cr_assert_eq(gdn__ref_mixer_run(&mx->m, &copy, T, x, a, b, z, out), GDN_OK);
+                cr_assert_eq(gdn__ref_mixer_run(&mx->m, &copy, Ti, x, a, b, z, out), GDN_OK);
                 if (store_first) store_into(mx, cur, w, "the write-back before a verify");
                 if (n > 0) cr_assert_eq(gdn__ref_mixer_run(&mx->m, cur, n, x, a, b, z, scratch), GDN_OK);
             } else {
-                cr_assert_eq(gdn__ref_mixer_verify_commit(&mx->m, &copy, T, x, a, b, z, accepted[i], out), GDN_OK);
+                cr_assert_eq(gdn__ref_mixer_verify_commit(&mx->m, &copy, Ti, x, a, b, z, n, out), GDN_OK);
                 if (!store_first) gdn__ref_mixer_slot_copy(&mx->m, cur, &copy);
                 else if (store_into(mx, cur, w, "the write-back before a verify"), n > 0) cr_assert_eq(gdn__ref_mixer_run(&mx->m, cur, n, x, a, b, z, scratch), GDN_OK);
             }
@@ -547,6 +553,9 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
                     } else if (rows[i] < 0) {
                         cr_assert(got == 0.0f, "step %d: padding row %d, token %d, head %d, %d: output %g, not 0",
                                   mx->step, i, t, (int)h, (int)d, got);
+                    } else if (counts && t >= counts[i]) {
+                        cr_assert(got == 0.0f, "step %d: row %d token %d past its count %d, head %d, %d: output %g, not 0",
+                                  mx->step, i, t, counts[i], (int)h, (int)d, got);
                     } else {
                         const double ref = ref_out[((int64_t)i * T + t) * HVV + h * V + d];
                         const double ratio = fabs((double)got - ref) / (mx->tol.out_abs + mx->tol.out_rel * fabs(ref));
@@ -562,7 +571,8 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
     assert_untouched(mx, pool0, conv0, rows, B, kind == GDN_STEP_DECODE ? "decode" : "verify and commit");
     /* a live row's accepted count outside 0..T is clamped and raises the flag (and only that) */
     int32_t clamped = 0;
-    for (int32_t i = 0; accepted && i < B; i++) clamped |= rows[i] >= 0 && (accepted[i] < 0 || accepted[i] > T);
+    for (int32_t i = 0; accepted && i < B; i++)
+        clamped |= rows[i] >= 0 && (accepted[i] < 0 || accepted[i] > (counts ? counts[i] : T));
     cr_assert_eq(mx->error_flag, clamped, "step %d: the error flag is %d, expected %d", mx->step, mx->error_flag, clamped);
     mx->error_flag = 0;
     free(ref_out), free(scratch), free(pool0), free(conv0);
@@ -651,7 +661,7 @@ static void run_sequence(const mix_cfg *cfg)
         const gdn_step_kind kind = kinds[step] == 'V' ? GDN_STEP_VERIFY : GDN_STEP_DECODE;
         const int32_t T = kind == GDN_STEP_VERIFY ? 2 + step % 3 : 1;
         const int32_t B = 1 + (int32_t)(gdn__rng_next(&mx->rng) % 4);
-        int32_t perm[SEQ_SLOTS], rows[MAX_ROWS], accepted[MAX_ROWS];
+        int32_t perm[SEQ_SLOTS], rows[MAX_ROWS], accepted[MAX_ROWS], counts[MAX_ROWS];
         for (int s = 0; s < SEQ_SLOTS; s++) perm[s] = s;
         for (int s = SEQ_SLOTS - 1; s > 0; s--) {
             const int r = (int)(gdn__rng_next(&mx->rng) % (uint64_t)(s + 1)), tmp = perm[s];
@@ -661,9 +671,13 @@ static void run_sequence(const mix_cfg *cfg)
             const int pad = (step % 3 == 1 && i == B / 2) || gdn__rng_next(&mx->rng) % 5 == 0;
             rows[i] = pad ? -1 : perm[i];
             padding_rows += pad;
-            accepted[i] = cursor % (T + 1);
+            /* with counts: n = 1 (a decode row in the verify), T, or between */
+            counts[i] = i == 0 ? 1 : i == 1 ? T : 1 + (int32_t)(gdn__rng_next(&mx->rng) % (uint64_t)T);
+            const int32_t n = cfg->counts ? counts[i] : T;
+            accepted[i] = cursor % (n + 1);
             if (kind == GDN_STEP_VERIFY && !pad) seen_accepted[accepted[i]]++, cursor++;
         }
+        mx->counts = cfg->counts ? counts : NULL;
         mix_step(mx, kind, T, B, rows, kind == GDN_STEP_VERIFY ? accepted : NULL);
         if (step % 5 == 4) {
             char when[32];
@@ -811,6 +825,12 @@ SEQUENCE_TEST(dense_views_conv_off_ring, TINY(GDN_VERIFY_RING, 183), .dense_view
 SEQUENCE_TEST(norm_off_cache, TINY(GDN_VERIFY_CACHE, 171), .no_norm = 1)
 SEQUENCE_TEST(norm_off_fold, TINY(GDN_VERIFY_FOLD, 172), .no_norm = 1)
 SEQUENCE_TEST(norm_off_ring, TINY(GDN_VERIFY_RING, 173), .no_norm = 1, .vllm_layout = 1)
+/* Per-row token counts (SPEC 3) in the verify steps: positions past a row's count output exactly 0,
+ * the window and state advance by the accepted tokens of the row's first n. */
+SEQUENCE_TEST(token_counts_cache, TINY(GDN_VERIFY_CACHE, 191), .counts = 1)
+SEQUENCE_TEST(token_counts_fold, TINY(GDN_VERIFY_FOLD, 192), .counts = 1, .vllm_layout = 1)
+SEQUENCE_TEST(token_counts_ring, TINY(GDN_VERIFY_RING, 193), .counts = 1)
+SEQUENCE_TEST(token_counts_fold_bf16_pool_width_3, TINY(GDN_VERIFY_FOLD, 194), .counts = 1, .pool_dtype = GDN_DTYPE_BF16, .W = 3)
 
 Test(op_mixer, every_accepted_count_cache) { const mix_cfg c = {TINY(GDN_VERIFY_CACHE, 201)}; run_accepted_counts(&c); }
 Test(op_mixer, every_accepted_count_fold) { const mix_cfg c = {TINY(GDN_VERIFY_FOLD, 202)}; run_accepted_counts(&c); }
