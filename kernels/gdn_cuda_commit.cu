@@ -17,7 +17,7 @@
  *
  * The mixer's conv under the cache strategy (conv_width > 0): a second kernel moves each committed
  * row's window in every layer, one thread a channel: the last W - 1 of [window of r; the verify's
- * stored x of tokens 0..n-1], copied as 2-byte values (bit-exact).
+ * stored x of the accepted path (tokens 0..n-1 of a chain)], copied as 2-byte values (bit-exact).
  */
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
@@ -153,7 +153,8 @@ __global__ void __launch_bounds__(GDN__WINDOW_THREADS) commit_windows_kernel(con
     const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
     if (gdn__row_slots_invalid(r, w, p.num_slots)) return; /* flagged by the state's commit */
     int flag = 0; /* raised by the state's commit */
-    const int32_t n = gdn__commit_path(&p, i, nullptr, &flag); /* a chain: no path is written */
+    int32_t path[GDN_MAX_TOKENS];
+    const int32_t n = gdn__commit_path(&p, i, path, &flag);
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (n <= 0 || c >= p.conv_dim) return;
     const int rows = p.conv_width - 1;
@@ -161,12 +162,14 @@ __global__ void __launch_bounds__(GDN__WINDOW_THREADS) commit_windows_kernel(con
     const unsigned short *x = static_cast<const unsigned short *>(p.x_store) + l * p.x_store_layer_stride +
                               i * p.x_store_tokens * (int64_t)p.conv_dim + c;
     unsigned short seq[GDN__MAX_CONV_WIDTH - 1];
-    /* position rows + t of [window; x] is x token t; the last `rows` positions start at n */
+    /* position rows + t of [window; path's x] is x of token path[t] (a chain: t); the last `rows`
+     * positions start at n */
 #pragma unroll
     for (int j = 0; j < GDN__MAX_CONV_WIDTH - 1; j++) {
         if (j >= rows) break;
         const int at = n + j;
-        seq[j] = at < rows ? state[r * p.conv_slot_stride + at * p.conv_token_stride] : x[(int64_t)(at - rows) * p.conv_dim];
+        seq[j] = at < rows ? state[r * p.conv_slot_stride + at * p.conv_token_stride]
+                           : x[(int64_t)(p.parents ? path[at - rows] : at - rows) * p.conv_dim];
     }
 #pragma unroll
     for (int j = 0; j < GDN__MAX_CONV_WIDTH - 1; j++) {
@@ -194,7 +197,6 @@ extern "C" gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream
     const bool windows = p->conv_width > 0 && !p->pending && !p->ring_count; /* fold: the next kernel moves them */
     if (windows && (p->conv_width < 2 || p->conv_width > GDN__MAX_CONV_WIDTH)) return GDN_ENOTSUP;
     if (windows && (!p->conv_state || !p->x_store || p->conv_dim < 1)) return GDN_EINVAL;
-    if (windows && p->parents) return GDN_ENOTSUP; /* the conv along a tree's path: CPU reference only */
     if (p->B < 0 || p->B > 65535 || p->num_layers < 0 || p->num_layers > 65535) return GDN_ENOTSUP;
     if (p->T < 1 || p->T > GDN_MAX_TOKENS || p->HV < 1 || p->K < 1 || p->V < 1) return GDN_EINVAL;
     if (p->B == 0 || p->num_layers == 0) return GDN_OK;

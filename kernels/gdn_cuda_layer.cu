@@ -62,7 +62,6 @@ static gdn_status check_shape(const gdn__layer_params *p)
         const gdn_status mixer = check_mixer(p);
         if (mixer != GDN_OK) return mixer;
     }
-    if (p->parents && gdn__mixer_on(&p->mixer)) return GDN_ENOTSUP; /* trees with the mixer: not yet */
     if (p->T < (p->token_store || p->ring ? 0 : 1) || p->T > GDN_MAX_TOKENS || p->B < 0 || p->B > 65535)
         return GDN_ENOTSUP;
     if (p->ring && (p->cache || p->token_store || !p->ring_count || !p->arrivals || p->ring_length < 1))

@@ -173,8 +173,8 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
         smem + mixer_smem_floats<Geo, SETS>(blockDim.x, K, cta_rows, shared_tokens::capacity(FOLD, p.store_tokens, T), T));
     /* Fold with a tree that is not a chain: the tree form (gdn_cuda_tree.cuh), its coefficients where
      * the mixer's part would be. */
-    const bool tree_form = FOLD && !MIXER && !ONE_TOKEN && p.deferred_verify && !row_is_chain(p.parents, i, T, plan.n);
-    const tree_shared ts(reinterpret_cast<float *>(mixer_base), T, cta_rows);
+    const bool tree_form = FOLD && !ONE_TOKEN && p.deferred_verify && !row_is_chain(p.parents, i, T, plan.n);
+    const tree_shared ts(reinterpret_cast<float *>(mixer_base + (MIXER ? parts.end : 0)), T, cta_rows);
     I *raw = reinterpret_cast<I *>(mixer_base + parts.raw);
     I *z_sh = reinterpret_cast<I *>(mixer_base + parts.z);
     float *norm_w_sh = reinterpret_cast<float *>(mixer_base + parts.norm_w);
@@ -281,7 +281,8 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
         else gdn__copy_async_wait_all();
         if (conv) {
             __syncthreads(); /* the whole raw sequence (each thread waited for its own copies) */
-            conv_pass<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s);
+            conv_pass<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s,
+                         p.parents ? p.parents + i * T : nullptr);
             __syncthreads();
             for (int j = warp; j < tokens; j += warps) {
                 if (j >= own0) normalise_token<K, true>(p, s, j, j - own0, lane);
@@ -373,20 +374,39 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
                         for (int rt = 0; rt < RT; rt++) ts.uown[(size_t)t * cta_rows + set_local_row0 + rt * G] = 0.0f;
                     __syncwarp(); /* read by the group's other lanes at the next token */
                 }
-            } else {
+            } else if (tree_form) {
                 token_values<Geo> tv;
-                if constexpr (SHARED) tv.template load_shared<true>(s, own0 + t, t, K, cta_rows, set_local_row0, glane);
-                else tv.template load_direct<K, I>(p, i, t, kh, h, set_row0, glane, A, dt_bias);
+                tv.template load_shared<true>(s, own0 + t, t, K, cta_rows, set_local_row0, glane);
+                tree_token<Geo>(st, decay, tv, ts, t, T, cta_rows, set_local_row0, glane, o);
+            } else {
+                /* A chain applies token t to the registers. The cache strategy's branch starts from its
+                 * parent's state: from the cache with fp32 state; with bf16 (which the cache rounds) the
+                 * slot's state runs the parent's path again first, root first, through the same
+                 * application (one code path: replayed tokens' outputs are overwritten). */
                 const int parent = p.parents ? p.parents[i * T + t] : t - 1;
-                if (tree_form) {
-                    tree_token<Geo>(st, decay, tv, ts, t, T, cta_rows, set_local_row0, glane, o);
-                } else {
-                    if (!FOLD && parent != held) /* cache: a branch starts from its parent's state */
-                        load_rows<K, S, Geo>(parent < 0 ? src : cache + i * p.cache_row_stride + parent * cache_token_stride + h * state_elems,
+                int replays = 0;
+                if (!FOLD && parent != held) {
+                    if constexpr (sizeof(S) == 4) {
+                        load_rows<K, S, Geo>(parent < 0 ? src : cache + i * p.cache_row_stride + parent * cache_token_stride +
+                                                                    h * state_elems,
                                              st, set_row0, glane);
-                    apply_token<Geo, true, DECAY_OUTSIDE>(st, decay, tv, o);
-                    held = t;
+                    } else {
+                        load_rows<K, S, Geo>(src, st, set_row0, glane);
+                        for (int a = parent; a >= 0; a = p.parents[i * T + a]) replays++; /* live: parents checked */
+                    }
                 }
+                for (int step = replays; step >= 0; step--) { /* step > 0: the ancestor step - 1 above the parent */
+                    int token = t;
+                    if (step > 0) {
+                        token = parent;
+                        for (int up = 1; up < step; up++) token = p.parents[i * T + token];
+                    }
+                    token_values<Geo> tv;
+                    if constexpr (SHARED) tv.template load_shared<true>(s, own0 + token, token, K, cta_rows, set_local_row0, glane);
+                    else tv.template load_direct<K, I>(p, i, token, kh, h, set_row0, glane, A, dt_bias);
+                    apply_token<Geo, true, DECAY_OUTSIDE>(st, decay, tv, o);
+                }
+                held = t;
             }
             if (glane == 0) {
                 if (local_norm) /* o for the norm below */
@@ -486,12 +506,13 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const int capacity = shared_tokens::capacity(FOLD, p->store_tokens, T);
     const mixer_smem parts(K, cta_rows, MIXER ? p->mixer.conv_width : 0, capacity, T, p->V, sizeof(I),
                            p->mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, MIXER && p->mixer.norm_weight);
-    /* A fold verify with a tree keeps its coefficients where the mixer's part would be. */
-    constexpr bool TREE_FORM = FOLD && !MIXER && !ONE_TOKEN;
-    const auto tree_staging = [](int threads, int rows, int tokens, int capacity_) {
-        return sizeof(float) * (mixer_smem_floats<Geo, SETS>(threads, K, rows, capacity_, tokens) + tree_shared::floats(tokens, rows));
+    /* A fold verify with a tree keeps its coefficients past the mixer's part (or where it would be). */
+    constexpr bool TREE_FORM = FOLD && !ONE_TOKEN;
+    const auto tree_staging = [](int threads, int rows, int tokens, int capacity_, const mixer_smem &parts_) {
+        return sizeof(float) * mixer_smem_floats<Geo, SETS>(threads, K, rows, capacity_, tokens) + (MIXER ? parts_.end : 0) +
+               sizeof(float) * tree_shared::floats(tokens, rows);
     };
-    const size_t smem = TREE_FORM && p->parents ? tree_staging(warps * 32, cta_rows, T, capacity)
+    const size_t smem = TREE_FORM && p->parents ? tree_staging(warps * 32, cta_rows, T, capacity, parts)
                         : SHARED                ? staging_bytes<Geo, SETS>(warps * 32, K, cta_rows, capacity, T, MIXER, parts)
                                                 : 0;
     auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER>;
@@ -499,12 +520,11 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         constexpr int most_tokens = GDN_MAX_TOKENS;
         constexpr int most_capacity = most_tokens + most_tokens; /* shared_tokens::capacity(true, ...) */
         static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
-        size_t largest = staging_bytes<Geo, SETS>(
-            128, K, GDN__MAX_HEAD_DIM, most_capacity, most_tokens, MIXER,
-            mixer_smem(K, GDN__MAX_HEAD_DIM, MIXER ? GDN__MAX_CONV_WIDTH : 0, most_capacity, most_tokens, GDN__MAX_HEAD_DIM,
-                       sizeof(I), 4, MIXER));
+        const mixer_smem largest_parts(K, GDN__MAX_HEAD_DIM, MIXER ? GDN__MAX_CONV_WIDTH : 0, most_capacity, most_tokens,
+                                       GDN__MAX_HEAD_DIM, sizeof(I), 4, MIXER);
+        size_t largest = staging_bytes<Geo, SETS>(128, K, GDN__MAX_HEAD_DIM, most_capacity, most_tokens, MIXER, largest_parts);
         if constexpr (TREE_FORM) {
-            const size_t largest_tree = tree_staging(128, GDN__MAX_HEAD_DIM, most_tokens, most_capacity);
+            const size_t largest_tree = tree_staging(128, GDN__MAX_HEAD_DIM, most_tokens, most_capacity, largest_parts);
             if (largest_tree > largest) largest = largest_tree;
         }
         GDN__CUDA_TRY(gdn__opt_in_shared(kernel, (int)largest, opted_in));

@@ -182,24 +182,42 @@ __device__ __forceinline__ float conv_param(const void *base, gdn_dtype dtype, i
 
 /* The conv over the raw sequence, every channel of the CTA by one thread: SiLU(bias + sum_j w[c, j]
  * seq[P - W + 1 + j][c]) for the folded tokens (k and v channels; their q is not used) and the own
- * tokens, into the prepared rows (k^ and q^ before their norms, v final). The caller syncs. */
+ * tokens, into the prepared rows (k^ and q^ before their norms, v final). With a token tree
+ * (row_parents: the row's parents, or NULL for a chain) an own token's taps follow its path: its
+ * parent, grandparent, ..., then the positions before the own tokens. The caller syncs. */
 template <typename I>
 __device__ __forceinline__ void conv_pass(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                           const char *weights_sh, const char *bias_sh, const mixer_sequence &seq, int T,
-                                          shared_tokens &s)
+                                          shared_tokens &s, const int32_t *row_parents)
 {
     const gdn__mixer_params &m = p.mixer;
     const int W = m.conv_width, K = mc.K;
+    const int own_start = seq.window_rows + seq.folds; /* logical position of own token 0 */
     for (int c = threadIdx.x; c < mc.width; c += blockDim.x) {
         float w[GDN__MAX_CONV_WIDTH];
 #pragma unroll
         for (int j = 0; j < GDN__MAX_CONV_WIDTH; j++) w[j] = j < W ? conv_param(weights_sh, m.conv_weight_dtype, (int64_t)c * W + j) : 0.0f;
         const float bias = m.conv_bias ? conv_param(bias_sh, m.conv_weight_dtype, c) : 0.0f;
         const auto conv_at = [&](int logical) { /* the conv output of the token at this logical position */
+            int at[GDN__MAX_CONV_WIDTH]; /* the logical position of tap j */
+            at[GDN__MAX_CONV_WIDTH - 1] = logical;
+            int node = row_parents && logical >= own_start ? logical - own_start : -1; /* a tree's own token */
+#pragma unroll
+            for (int j = GDN__MAX_CONV_WIDTH - 2; j >= 0; j--) {
+                const int newer = at[j + 1];
+                if (node >= 0) { /* the parent's position, or the last one before the own tokens */
+                    const int parent = row_parents[node];
+                    node = parent >= -1 && parent < node ? parent : -1; /* a bad parent: a padding token's */
+                    at[j] = node >= 0 ? own_start + node : own_start - 1;
+                } else {
+                    at[j] = newer - 1;
+                }
+            }
             float acc = bias;
 #pragma unroll
             for (int j = 0; j < GDN__MAX_CONV_WIDTH; j++)
-                if (j < W) acc = fmaf(w[j], gdn__to_f32(raw[seq.physical(logical - W + 1 + j) * mc.pitch + c]), acc);
+                if (j < W)
+                    acc = fmaf(w[j], gdn__to_f32(raw[seq.physical(at[GDN__MAX_CONV_WIDTH - W + j]) * mc.pitch + c]), acc);
             return acc / (1.0f + expf(-acc));
         };
         for (int j = c < K ? seq.folds : 0; j < seq.folds; j++) { /* folded tokens: k and v */

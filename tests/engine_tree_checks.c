@@ -459,9 +459,10 @@ static void assert_refused(fixture *f, const gdn_step *step, gdn_status expected
     snapshot_assert_same(f, before, what);
 }
 
-/* An engine with the mixer's gated norm refuses parents (changing nothing), runs a verify with counts
- * (the numbers: test_op_mixer and test_gpu_mixer) and a plain verify. */
-static void check_mixer_refused(gdn_backend_kind backend, gdn_verify_strategy strategy, uint64_t seed)
+/* An engine with the mixer's gated norm runs a verify with counts and one with a tree (their numbers:
+ * test_op_mixer and test_gpu_mixer), and a plain verify; on the CPU backend, where the ring runs
+ * the mixer, a ring engine refuses the tree (GDN_ENOTSUP, nothing started). */
+static void check_mixer_steps(gdn_backend_kind backend, gdn_verify_strategy strategy, uint64_t seed)
 {
     gdn_engine_config c = fixture_config(backend, strategy == GDN_VERIFY_RING ? GDN_VERIFY_CACHE : strategy,
                                          GDN_DTYPE_F32);
@@ -469,22 +470,32 @@ static void check_mixer_refused(gdn_backend_kind backend, gdn_verify_strategy st
     c.mixer.use_norm = 1;
     test_rng rng = test_rng_seeded(seed);
     gdn_engine *e = test_engine_create(&c, &rng, NULL);
-    int32_t slots[2], counts[2] = {1, 2}, parents[4] = {-1, 0, -1, -1}, accepted[2] = {1, 2};
+    int32_t slots[2], counts[2] = {1, 2}, parents[4] = {-1, 0, -1, -1}, accepted[2] = {1, 2}, nodes[2] = {1, 0};
     for (int k = 0; k < 2; k++) cr_assert_eq(gdn_slot_alloc(e, &slots[k]), GDN_OK);
-    gdn_step step = {.kind = GDN_STEP_VERIFY, .tokens = 2, .batch = 2, .slots = slots, .parents = parents};
-    cr_assert_eq(gdn_engine_begin_step(e, &step, NULL, NULL), GDN_ENOTSUP, "the mixer with parents");
-    cr_assert_eq(gdn_engine_step_rows(e, NULL, NULL, NULL), GDN_EMISUSE, "a refused begin started no step");
-    step.parents = NULL, step.token_counts = counts;
+    gdn_step step = {.kind = GDN_STEP_VERIFY, .tokens = 2, .batch = 2, .slots = slots, .token_counts = counts};
     cr_assert_eq(gdn_engine_begin_step(e, &step, NULL, NULL), GDN_OK, "the mixer with counts");
     cr_assert_eq(gdn_engine_run_step(e, NULL), GDN_OK);
     test_set_accepted(e, accepted, 2);
     cr_assert_eq(gdn_engine_commit(e, NULL), GDN_OK);
-    step.token_counts = NULL;
+    step.token_counts = NULL, step.parents = parents;
+    cr_assert_eq(gdn_engine_begin_step(e, &step, NULL, NULL), GDN_OK, "the mixer with a tree");
+    cr_assert_eq(gdn_engine_run_step(e, NULL), GDN_OK);
+    test_set_accepted(e, nodes, 2);
+    cr_assert_eq(gdn_engine_commit(e, NULL), GDN_OK);
+    step.parents = NULL;
     cr_assert_eq(gdn_engine_begin_step(e, &step, NULL, NULL), GDN_OK);
     cr_assert_eq(gdn_engine_run_step(e, NULL), GDN_OK);
     test_set_accepted(e, accepted, 2);
     cr_assert_eq(gdn_engine_commit(e, NULL), GDN_OK);
     cr_assert_eq(gdn_engine_check_device_error(e, NULL), GDN_OK);
+    gdn_engine_destroy(e);
+    if (backend != GDN_BACKEND_CPU) return;
+    c.verify_strategy = GDN_VERIFY_RING;
+    e = test_engine_create(&c, &rng, NULL);
+    for (int k = 0; k < 2; k++) cr_assert_eq(gdn_slot_alloc(e, &slots[k]), GDN_OK);
+    step.parents = parents;
+    cr_assert_eq(gdn_engine_begin_step(e, &step, NULL, NULL), GDN_ENOTSUP, "the ring with the mixer and a tree");
+    cr_assert_eq(gdn_engine_step_rows(e, NULL, NULL, NULL), GDN_EMISUSE, "a refused begin started no step");
     gdn_engine_destroy(e);
 }
 
@@ -540,5 +551,5 @@ void engine_tree_check_refusals(gdn_backend_kind backend, gdn_verify_strategy st
     check_step(&f, &ts, in, &w, "the tree committed after the refusals");
     for (int32_t l = 0; l < LAYERS; l++) test_inputs_free(&in[l]);
     fixture_free(&f);
-    check_mixer_refused(backend, strategy, seed + 1);
+    check_mixer_steps(backend, strategy, seed + 1);
 }

@@ -33,6 +33,7 @@ typedef struct gm_cfg {
     int32_t W;                     /* conv width; 0: no conv */
     int norm, vllm_layout, bias;
     int counts;                    /* verify steps give each row its own token count (SPEC 3) */
+    int trees;                     /* verify steps are token trees, committed by accepted node */
     int32_t steps;
     uint64_t seed;
 } gm_cfg;
@@ -49,7 +50,7 @@ typedef struct gm_side {
     gdn__backend be;
     gdn_op_layer op;
     gdn_mixer mixer;
-    void *in, *out, *pool, *conv, *ws, *slots, *writes, *accepted, *counts, *params, *weights, *bias, *norm_w;
+    void *in, *out, *pool, *conv, *ws, *slots, *writes, *accepted, *counts, *parents, *params, *weights, *bias, *norm_w;
 } gm_side;
 
 static void *side_alloc(gm_side *s, size_t bytes)
@@ -103,6 +104,7 @@ static void side_create(gm_side *s, gdn_backend_kind kind, const gm_cfg *c, cons
     s->writes = side_alloc(s, MAX_ROWS * sizeof(int32_t));
     s->accepted = side_alloc(s, MAX_ROWS * sizeof(int32_t));
     s->counts = side_alloc(s, MAX_ROWS * sizeof(int32_t));
+    s->parents = side_alloc(s, MAX_ROWS * MAX_T * sizeof(int32_t));
     s->params = side_alloc(s, 2 * (size_t)g->HV * sizeof(float));
     s->weights = side_alloc(s, g->weight_bytes);
     s->bias = side_alloc(s, (size_t)g->C * gdn_dtype_size(c->weight_dtype));
@@ -151,8 +153,8 @@ static void side_create(gm_side *s, gdn_backend_kind kind, const gm_cfg *c, cons
 
 static void side_free(gm_side *s)
 {
-    void *all[] = {s->in, s->out, s->pool, s->conv, s->ws, s->slots, s->writes, s->accepted, s->counts, s->params, s->weights, s->bias,
-                   s->norm_w};
+    void *all[] = {s->in, s->out, s->pool, s->conv, s->ws, s->slots, s->writes, s->accepted, s->counts, s->parents, s->params,
+                   s->weights, s->bias, s->norm_w};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) s->be.iface->free(s->be.ctx, all[i]);
     s->be.iface->destroy(s->be.ctx);
 }
@@ -282,7 +284,7 @@ static void run_step(gm_run *run, int step)
     const int32_t T = verify ? 2 + test_rng_below(&run->rng, MAX_T - 1) : 1;
     const int32_t B = 1 + test_rng_below(&run->rng, MAX_ROWS);
     /* distinct slots from 0..SPARE_SLOT-1; a row may write another unused slot; one may be padding */
-    int32_t perm[SPARE_SLOT], rows[MAX_ROWS], writes[MAX_ROWS], accepted[MAX_ROWS], counts[MAX_ROWS];
+    int32_t perm[SPARE_SLOT], rows[MAX_ROWS], writes[MAX_ROWS], accepted[MAX_ROWS], counts[MAX_ROWS], parents[MAX_ROWS * MAX_T];
     for (int32_t s = 0; s < SPARE_SLOT; s++) perm[s] = s;
     for (int32_t s = SPARE_SLOT - 1; s > 0; s--) {
         const int32_t j = test_rng_below(&run->rng, s + 1), t = perm[s];
@@ -296,6 +298,12 @@ static void run_step(gm_run *run, int step)
     const int with_counts = verify && c->counts;
     for (int32_t i = 0; i < B; i++) counts[i] = with_counts ? (i == 0 ? 1 : 1 + test_rng_below(&run->rng, T)) : T;
     for (int32_t i = 0; i < B; i++) accepted[i] = test_rng_below(&run->rng, counts[i] + 1);
+    /* trees: random recursive trees (each token's parent uniform in -1..t-1), the accepted node in -1..n-1 */
+    const int with_trees = verify && c->trees;
+    for (int32_t i = 0; i < B; i++)
+        for (int32_t t = 0; t < T; t++) parents[i * T + t] = with_trees ? test_rng_below(&run->rng, t + 1) - 1 : t - 1;
+    if (with_trees)
+        for (int32_t i = 0; i < B; i++) accepted[i] -= 1;
 
     uint16_t *in = malloc(g->in_bytes);
     for (size_t e = 0; e < g->in_bytes / 2; e++) in[e] = bf16_of(test_rng_normal(&run->rng));
@@ -304,6 +312,7 @@ static void run_step(gm_run *run, int step)
     PUT_BOTH(sides, writes, writes, (size_t)B * sizeof(int32_t));
     PUT_BOTH(sides, accepted, accepted, (size_t)B * sizeof(int32_t));
     PUT_BOTH(sides, counts, counts, (size_t)B * sizeof(int32_t));
+    PUT_BOTH(sides, parents, parents, (size_t)B * T * sizeof(int32_t));
     memset(run->host_out[0], 0xff, g->out_bytes); /* NaN in either dtype */
     PUT_BOTH(sides, out, run->host_out[0], g->out_bytes);
     free(in);
@@ -317,10 +326,11 @@ static void run_step(gm_run *run, int step)
         s->op.batch = B;
         s->op.write_slots = s->writes;
         s->op.token_counts = with_counts ? s->counts : NULL;
+        s->op.parents = with_trees ? s->parents : NULL;
         gdn_status status = gdn_op_layer_step(&s->op, NULL);
         cr_assert_eq(status, GDN_OK, "step %d (%s): %s", step, n ? "cuda" : "cpu", gdn_status_name(status));
         if (verify) {
-            status = gdn_op_commit(&s->op, s->accepted, NULL);
+            status = with_trees ? gdn_op_commit_node(&s->op, s->accepted, NULL) : gdn_op_commit(&s->op, s->accepted, NULL);
             cr_assert_eq(status, GDN_OK, "commit %d (%s): %s", step, n ? "cuda" : "cpu", gdn_status_name(status));
         }
         get(s, run->host_out[n], s->out, g->out_bytes);
@@ -443,6 +453,20 @@ GPU_MIXER_TEST(token_counts_fold_bf16_vllm_window, .HK = 2, .HV = 4, .strategy =
 GPU_MIXER_TEST(token_counts_qwen3_next_heads_fold_bf16, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_FOLD,
                .pool_dtype = GDN_DTYPE_BF16, .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1,
                .bias = 1, .counts = 1, .steps = 8, .seed = 12)
+/* Token trees with the mixer: each node's conv follows its path; the commit by node moves the window
+ * (cache: from the stored x of the path; fold: the path's stored tokens fold next). */
+GPU_MIXER_TEST(token_trees_cache, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_CACHE, .pool_dtype = GDN_DTYPE_F32,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .bias = 1, .counts = 1,
+               .trees = 1, .seed = 14)
+GPU_MIXER_TEST(token_trees_fold_vllm_window, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_FOLD, .pool_dtype = GDN_DTYPE_F32,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_F32, .W = 4, .norm = 1, .vllm_layout = 1, .trees = 1,
+               .seed = 15)
+GPU_MIXER_TEST(token_trees_qwen3_next_heads_fold_bf16, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_FOLD,
+               .pool_dtype = GDN_DTYPE_BF16, .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1,
+               .bias = 1, .counts = 1, .trees = 1, .steps = 8, .seed = 16)
+GPU_MIXER_TEST(token_trees_qwen3_next_heads_cache_bf16_width_3, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_CACHE,
+               .pool_dtype = GDN_DTYPE_BF16, .weight_dtype = GDN_DTYPE_F32, .out_dtype = GDN_DTYPE_BF16, .W = 3, .norm = 1,
+               .trees = 1, .steps = 8, .seed = 17)
 GPU_MIXER_TEST(token_counts_qwen3_next_heads_cache_f32, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_CACHE,
                .pool_dtype = GDN_DTYPE_F32, .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1,
                .counts = 1, .steps = 8, .seed = 13)

@@ -61,6 +61,7 @@ typedef struct mix_cfg {
     int no_conv, no_bias, no_norm, vllm_layout; /* no_conv: q, k, v given */
     int dense_views; /* x (or q, k, v), z, a, b dense [B, T, ...] tensors of the step's T, not slices */
     int counts;      /* run_sequence: verify steps give each row its own token count (SPEC 3) */
+    int trees;       /* run_sequence: verify steps are token trees, committed by accepted node */
     uint64_t seed;
 } mix_cfg;
 
@@ -90,6 +91,7 @@ typedef struct mix {
     int32_t rows[MAX_ROWS], accepted[MAX_ROWS];
     const int32_t *writes; /* the next steps' write slots (host [B]), or NULL: the read slots */
     const int32_t *counts; /* the next verify steps' token counts (host [B]), or NULL: every row T */
+    const int32_t *parents; /* the next verify steps' trees (host [B][T]), or NULL: chains; accepted[] are nodes */
     int32_t write_slots[MAX_ROWS];
     int32_t error_flag;
     /* the oracle */
@@ -420,6 +422,35 @@ static void assert_untouched(const mix *mx, const unsigned char *pool0, const ui
  * (and, for a verify, its commit with accepted[]), the oracle, and the checks of outputs and of the
  * bytes the step may not touch.
  */
+/* The path of `node` in `par` (a tree's parents), root first: its length (0 for node -1). */
+static int32_t tree_path_of(const int32_t *par, int32_t node, int32_t *path)
+{
+    int32_t len = 0;
+    for (int32_t t = node; t >= 0; t = par[t]) path[len++] = t;
+    for (int32_t j = 0; j < len / 2; j++) {
+        const int32_t keep = path[j];
+        path[j] = path[len - 1 - j], path[len - 1 - j] = keep;
+    }
+    return len;
+}
+
+/* Tree node t's output (out [HV V]): a copy of the row's slot runs the node's path, token by token. */
+static void tree_node(const mix *mx, const gdn__mixer_ref_slot *start, const int32_t *par, int32_t t, const double *x,
+                      const double *a, const double *b, const double *z, double *out)
+{
+    const int64_t C = mx->C, HV = mx->HV, HVV = HV * mx->V;
+    int32_t path[MAX_T];
+    const int32_t len = tree_path_of(par, t, path);
+    gdn__mixer_ref_slot copy;
+    cr_assert_eq(gdn__ref_mixer_slot_init(&copy, &mx->m), GDN_OK);
+    gdn__ref_mixer_slot_copy(&mx->m, &copy, start);
+    for (int32_t j = 0; j < len; j++)
+        cr_assert_eq(gdn__ref_mixer_token(&mx->m, &copy, x + (int64_t)path[j] * C, a + (int64_t)path[j] * HV,
+                                          b + (int64_t)path[j] * HV, z ? z + (int64_t)path[j] * HVV : NULL, out),
+                     GDN_OK);
+    gdn__ref_mixer_slot_free(&copy);
+}
+
 static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const int32_t *rows, const int32_t *accepted)
 {
     const int64_t HV = mx->HV, V = mx->V, C = mx->C, HVV = HV * V;
@@ -431,7 +462,9 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
     if (accepted) memcpy(mx->accepted, accepted, sizeof(int32_t) * (size_t)B);
     op->kind = kind, op->tokens = T, op->batch = B;
     const int32_t *counts = kind == GDN_STEP_VERIFY ? mx->counts : NULL;
+    const int32_t *parents = kind == GDN_STEP_VERIFY ? mx->parents : NULL;
     op->token_counts = counts;
+    op->parents = parents;
     unsigned char *pool0 = malloc(mx->pool_bytes);
     memcpy(pool0, mx->pool, mx->pool_bytes);
     uint16_t *conv0 = mx->conv ? malloc(mx->conv_elems * 2) : NULL;
@@ -450,7 +483,7 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
         } else {
             assert_untouched(mx, pool0, conv0, rows, B, "verify");
         }
-        const gdn_status cs = gdn_op_commit(op, mx->accepted, NULL);
+        const gdn_status cs = parents ? gdn_op_commit_node(op, mx->accepted, NULL) : gdn_op_commit(op, mx->accepted, NULL);
         cr_assert_eq(cs, GDN_OK, "step %d: commit: status %s", mx->step, gdn_status_name(cs));
     }
     /* The oracle, row by row (after the commit: its stores are read from the pool). */
@@ -472,7 +505,21 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
             cur = &forked;
         }
         int32_t pending = mx->pending[s];
-        if (kind == GDN_STEP_DECODE) {
+        if (parents) { /* a tree (cache or fold): each node from the state after its parent */
+            const int32_t Ti = counts ? counts[i] : T;
+            const int32_t *par = parents + (int64_t)i * T;
+            for (int32_t t = 0; t < Ti; t++) tree_node(mx, cur, par, t, x, a, b, z, out + (int64_t)t * HVV);
+            int32_t path[MAX_T];
+            const int32_t len = tree_path_of(par, accepted[i], path);
+            /* fold stores the folded state before its own tokens; the accepted path then runs from it */
+            if (strategy == GDN_VERIFY_FOLD) store_into(mx, cur, w, "the write-back before a tree verify");
+            for (int32_t j = 0; j < len; j++)
+                cr_assert_eq(gdn__ref_mixer_token(&mx->m, cur, x + (int64_t)path[j] * C, a + (int64_t)path[j] * HV,
+                                                  b + (int64_t)path[j] * HV, z ? z + (int64_t)path[j] * HVV : NULL, scratch),
+                             GDN_OK);
+            if (strategy == GDN_VERIFY_CACHE) store_into(mx, cur, w, "a tree commit"), pending = 0;
+            else pending = len;
+        } else if (kind == GDN_STEP_DECODE) {
             cr_assert_eq(gdn__ref_mixer_run(&mx->m, cur, 1, x, a, b, z, out), GDN_OK);
             if (strategy == GDN_VERIFY_RING && !fork && pending + 1 < RING_LENGTH) pending++; /* a record */
             else store_into(mx, cur, w, "decode"), pending = 0; /* cache and fold store; a full ring or a fork writes back */
@@ -571,7 +618,7 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
     assert_untouched(mx, pool0, conv0, rows, B, kind == GDN_STEP_DECODE ? "decode" : "verify and commit");
     /* a live row's accepted count outside 0..T is clamped and raises the flag (and only that) */
     int32_t clamped = 0;
-    for (int32_t i = 0; accepted && i < B; i++)
+    for (int32_t i = 0; accepted && !parents && i < B; i++)
         clamped |= rows[i] >= 0 && (accepted[i] < 0 || accepted[i] > (counts ? counts[i] : T));
     cr_assert_eq(mx->error_flag, clamped, "step %d: the error flag is %d, expected %d", mx->step, mx->error_flag, clamped);
     mx->error_flag = 0;
@@ -661,7 +708,7 @@ static void run_sequence(const mix_cfg *cfg)
         const gdn_step_kind kind = kinds[step] == 'V' ? GDN_STEP_VERIFY : GDN_STEP_DECODE;
         const int32_t T = kind == GDN_STEP_VERIFY ? 2 + step % 3 : 1;
         const int32_t B = 1 + (int32_t)(gdn__rng_next(&mx->rng) % 4);
-        int32_t perm[SEQ_SLOTS], rows[MAX_ROWS], accepted[MAX_ROWS], counts[MAX_ROWS];
+        int32_t perm[SEQ_SLOTS], rows[MAX_ROWS], accepted[MAX_ROWS], counts[MAX_ROWS], parents[MAX_ROWS * MAX_T];
         for (int s = 0; s < SEQ_SLOTS; s++) perm[s] = s;
         for (int s = SEQ_SLOTS - 1; s > 0; s--) {
             const int r = (int)(gdn__rng_next(&mx->rng) % (uint64_t)(s + 1)), tmp = perm[s];
@@ -675,9 +722,14 @@ static void run_sequence(const mix_cfg *cfg)
             counts[i] = i == 0 ? 1 : i == 1 ? T : 1 + (int32_t)(gdn__rng_next(&mx->rng) % (uint64_t)T);
             const int32_t n = cfg->counts ? counts[i] : T;
             accepted[i] = cursor % (n + 1);
-            if (kind == GDN_STEP_VERIFY && !pad) seen_accepted[accepted[i]]++, cursor++;
+            /* trees: random recursive trees of n nodes, the accepted node from -1..n-1 */
+            for (int32_t t = 0; cfg->trees && t < T; t++)
+                parents[i * T + t] = t == 0 ? -1 : (int32_t)(gdn__rng_next(&mx->rng) % (uint64_t)(t + 1)) - 1;
+            if (cfg->trees) accepted[i] = cursor % (n + 1) - 1;
+            if (kind == GDN_STEP_VERIFY && !pad) seen_accepted[accepted[i] + (cfg->trees ? 1 : 0)]++, cursor++;
         }
         mx->counts = cfg->counts ? counts : NULL;
+        mx->parents = cfg->trees ? parents : NULL;
         mix_step(mx, kind, T, B, rows, kind == GDN_STEP_VERIFY ? accepted : NULL);
         if (step % 5 == 4) {
             char when[32];
@@ -686,7 +738,8 @@ static void run_sequence(const mix_cfg *cfg)
         }
     }
     mix_check_states(mx, "at the end");
-    for (int n = 0; n <= 2; n++) cr_assert_gt(seen_accepted[n], 0, "the sequence never accepted %d tokens", n);
+    for (int n = 0; n <= (cfg->trees ? 1 : 2); n++) /* trees: node n - 1 */
+        cr_assert_gt(seen_accepted[n], 0, "the sequence never accepted %s %d", cfg->trees ? "node" : "count", cfg->trees ? n - 1 : n);
     cr_assert_gt(padding_rows, 0);
     /* Slots that never took part: bit-exact, after every flush and export above too. */
     const size_t ss = (size_t)mx->op.pool.slot_stride * pool_size(mx);
@@ -831,6 +884,12 @@ SEQUENCE_TEST(token_counts_cache, TINY(GDN_VERIFY_CACHE, 191), .counts = 1)
 SEQUENCE_TEST(token_counts_fold, TINY(GDN_VERIFY_FOLD, 192), .counts = 1, .vllm_layout = 1)
 SEQUENCE_TEST(token_counts_ring, TINY(GDN_VERIFY_RING, 193), .counts = 1)
 SEQUENCE_TEST(token_counts_fold_bf16_pool_width_3, TINY(GDN_VERIFY_FOLD, 194), .counts = 1, .pool_dtype = GDN_DTYPE_BF16, .W = 3)
+/* Token trees (SPEC 3) with counts: every node's conv reads its own path's inputs; the commit by
+ * accepted node advances the window and the state along that path only. */
+SEQUENCE_TEST(token_trees_cache, TINY(GDN_VERIFY_CACHE, 195), .counts = 1, .trees = 1)
+SEQUENCE_TEST(token_trees_fold, TINY(GDN_VERIFY_FOLD, 196), .counts = 1, .trees = 1, .vllm_layout = 1)
+SEQUENCE_TEST(token_trees_cache_bf16_pool_width_2, SMALL(GDN_VERIFY_CACHE, 197), .trees = 1, .pool_dtype = GDN_DTYPE_BF16, .W = 2)
+SEQUENCE_TEST(token_trees_fold_bf16_pool_no_norm, TINY(GDN_VERIFY_FOLD, 198), .trees = 1, .pool_dtype = GDN_DTYPE_BF16, .no_norm = 1)
 
 Test(op_mixer, every_accepted_count_cache) { const mix_cfg c = {TINY(GDN_VERIFY_CACHE, 201)}; run_accepted_counts(&c); }
 Test(op_mixer, every_accepted_count_fold) { const mix_cfg c = {TINY(GDN_VERIFY_FOLD, 202)}; run_accepted_counts(&c); }

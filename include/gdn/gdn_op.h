@@ -103,8 +103,9 @@ typedef struct gdn_op_layer {
      *     after the accepted node (its path: the node's ancestors and itself).
      * Every strategy runs them: CACHE keeps the state after each node, FOLD and RING keep each
      * node's inputs and their commit moves the accepted path's to the front, in path order, so the
-     * fold or the ring folds only the path (its length, not T). Both backends; with a mixer counts
-     * run (the window advances by the accepted tokens), trees are GDN_ENOTSUP for now. With
+     * fold or the ring folds only the path (its length, not T). Both backends; with a mixer each
+     * node's conv follows its path and the window advances along the accepted path (GDN_ENOTSUP for
+     * a tree with a mixer under RING, for now). With
      * overlap_preceding the preceding kernel must not write them either (they are read before the
      * wait, with the slots). */
     const int32_t *token_counts;
