@@ -92,6 +92,10 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
         at = align256(at + op->max_batch * (int64_t)sizeof(uint32_t));
         l.flush_row = at;
         at = align256(at + (int64_t)sizeof(int32_t));
+        if (op->strategy == GDN_VERIFY_RING && op->backend == GDN_BACKEND_CUDA) { /* the two-kernel decode's */
+            l.ring_prep = at;
+            at = align256(at + (int64_t)op->max_batch * HV * gdn__ring_prep_floats(l.ring_capacity) * (int64_t)sizeof(float));
+        }
     }
     if (op->backend == GDN_BACKEND_CUDA && op->mixer && (conv || op->mixer->norm_weight)) {
         l.mixer_arrivals = at; /* the fused kernel's counts (kernels/gdn_kernel_params.h) */
@@ -192,6 +196,7 @@ static gdn__layer_params base_params(const gdn_op_layer *op, const gdn__op_layou
         p.ring_capacity = layout->ring_capacity;
         p.ring_length = layout->ring_length;
         p.ring_count = (int32_t *)(ws + layout->counts);
+        if (layout->ring_prep) p.ring_prep = (float *)(ws + layout->ring_prep);
         p.deferred_verify = verify;
         p.arrivals = (uint32_t *)(ws + layout->arrivals);
     }

@@ -20,6 +20,10 @@ gdn_status gdn__cuda_layer_step(const gdn__layer_params *p, void *stream);
 gdn_status gdn__cuda_ring_step(const gdn__layer_params *p, void *stream);
 /* GDN_OK when an instance runs p's (K, state, input, output) combination, else GDN_ENOTSUP. */
 gdn_status gdn__cuda_ring_step_supported(const gdn__layer_params *p);
+/* The ring decode in two kernels (kernels/gdn_cuda_ring_decode.cu): whether it runs this step (a
+ * chain decode with p->ring_prep scratch; GDN_RING_ONE_KERNEL=1 turns it off), and the launch. */
+int gdn__cuda_ring_decode_applies(const gdn__layer_params *p);
+gdn_status gdn__cuda_ring_decode(const gdn__layer_params *p, void *stream);
 
 /* The mixer's instances of the layer step (kernels/gdn_cuda_mixer.cu), after gdn__cuda_layer_step's
  * checks; run == 0: only whether an instance exists (GDN_OK) or not (GDN_ENOTSUP). */

@@ -518,6 +518,7 @@ static gdn_status dispatch(const gdn__layer_params *p, cudaStream_t stream, bool
 
 extern "C" gdn_status gdn__cuda_ring_step(const gdn__layer_params *p, void *stream)
 {
+    if (gdn__cuda_ring_decode_applies(p)) return gdn__cuda_ring_decode(p, stream);
     return dispatch(p, static_cast<cudaStream_t>(stream), true);
 }
 

@@ -206,6 +206,8 @@ typedef struct gdn__layer_params {
     int32_t ring_capacity;     /* records a slot's ring holds: max(ring_length, max_tokens) */
     int32_t ring_length;       /* L: a decode writes the state back when its ring would hold L records */
     int32_t *ring_count;       /* [num_slots] records in each slot's ring (this layer) */
+    float *ring_prep;          /* CUDA: [B][HV][gdn__ring_prep_floats(ring_capacity)] scratch of the
+                                * two-kernel decode (kernels/gdn_cuda_ring_decode.cu); NULL: one kernel */
 
     gdn__mixer_params mixer;   /* all zero: the plain recurrence */
 
@@ -268,6 +270,11 @@ static inline GDN__HOST_DEVICE int64_t gdn__ring_record_bytes(int32_t HK, int32_
 {
     return gdn__ring_u_offset(HK, HV, K) + (int64_t)HV * V * 4;
 }
+
+/* The CUDA ring decode's per (row, value head) scratch (kernels/gdn_cuda_ring_decode.cu): a header of
+ * 16 floats, then three arrays of ring_capacity + 1 coefficients, each rounded up to 16 bytes. */
+static inline GDN__HOST_DEVICE int32_t gdn__ring_prep_stride(int32_t capacity) { return (capacity + 1 + 3) / 4 * 4; }
+static inline GDN__HOST_DEVICE int32_t gdn__ring_prep_floats(int32_t capacity) { return 16 + 3 * gdn__ring_prep_stride(capacity); }
 
 /* With the mixer's conv: one stored token of the fold strategy is raw x [conv_dim], a, b (2-byte
  * inputs, rounded up to 16 bytes); one ring record is raw x [conv_dim] and a [HV], padded to 16
