@@ -295,6 +295,119 @@ static void progress(void *user, int32_t done, int32_t total)
     if (done == total) fputc('\n', stderr);
 }
 
+/*
+ * --tp N: tensor parallelism as a serving engine runs it, one engine per device (devices 0..N-1),
+ * each holding HK / N key heads and HV / N value heads of every layer, all driven from this one
+ * thread. For each bucket and T: each device's step time with the others idle (the one-GPU time for
+ * its heads), then with every device stepping at once (the host issuing device 0's step, then device
+ * 1's, ...), GPU time per device from its own events; both queued behind a 2 ms spin on each device so
+ * that the GPUs run the steps back to back. A concurrent time above the alone time is serialisation
+ * through the host or a shared stream.
+ */
+static int tp_main(const gdn_engine_config *base, int tp, const int32_t *tokens, int n_tokens, int32_t only_bucket)
+{
+    enum { MAX_TP = 8, REPS = 20, STEPS = 8 };
+    int devices = 0;
+    CHECK_CUDA(cudaGetDeviceCount(&devices));
+    if (tp < 1 || tp > MAX_TP || tp > devices || base->model.num_k_heads % tp || base->model.num_v_heads % tp) {
+        fprintf(stderr, "--tp %d: needs 1..%d devices (this host has %d) dividing HK = %d and HV = %d\n", tp, MAX_TP, devices,
+                base->model.num_k_heads, base->model.num_v_heads);
+        return 2;
+    }
+    gdn_engine *e[MAX_TP];
+    cudaStream_t s[MAX_TP];
+    cudaEvent_t start[MAX_TP], stop[MAX_TP];
+    int32_t *slots = malloc(sizeof(int32_t) * (size_t)base->max_batch);
+    int32_t *accepted = malloc(sizeof(int32_t) * (size_t)base->max_batch);
+    for (int32_t i = 0; i < base->max_batch; i++) accepted[i] = 1 + i % 2;
+    for (int d = 0; d < tp; d++) {
+        gdn_engine_config c = *base;
+        c.device = d;
+        c.model.num_k_heads /= tp, c.model.num_v_heads /= tp;
+        c.graph_progress = NULL;
+        CHECK_GDN(gdn_engine_create(&c, &e[d]));
+        for (int32_t i = 0; i < c.max_batch; i++) CHECK_GDN(gdn_slot_alloc(e[d], &slots[i]));
+        for (int32_t i = 0; i < c.max_batch; i++) CHECK_GDN(gdn_slot_reset(e[d], slots[i], NULL));
+        if (gdn_bench_fill_inputs(e[d], gdn_engine_get_config(e[d]))) return 1;
+        CHECK_GDN(gdn_engine_upload(e[d], gdn_engine_accepted(e[d]), accepted, sizeof(int32_t) * (size_t)c.max_batch, NULL));
+        CHECK_GDN(gdn_engine_synchronize(e[d], NULL));
+        CHECK_CUDA(cudaSetDevice(d));
+        CHECK_CUDA(cudaStreamCreateWithFlags(&s[d], cudaStreamNonBlocking));
+        CHECK_CUDA(cudaEventCreate(&start[d]));
+        CHECK_CUDA(cudaEventCreate(&stop[d]));
+    }
+    char name[256];
+    {
+        struct cudaDeviceProp prop;
+        CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+        snprintf(name, sizeof name, "%s", prop.name);
+    }
+    printf("tensor parallel: %d engines (devices 0..%d, %s), each qwen3-next x %d layers with HK %d, HV %d, %s state, "
+           "max_batch %d; one host thread; us per step (GPU events, median of %d samples of %d steps)\n",
+           tp, tp - 1, name, base->model.num_layers, base->model.num_k_heads / tp, base->model.num_v_heads / tp,
+           base->state_dtype == GDN_DTYPE_F32 ? "f32" : "bf16", base->max_batch, REPS, STEPS);
+    printf("\n%7s %3s |", "bucket", "T");
+    for (int d = 0; d < tp; d++) printf(" alone %d ", d);
+    printf("|");
+    for (int d = 0; d < tp; d++) printf("  all, %d ", d);
+    printf("| worst all / alone\n");
+    const int32_t bucket_list[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+    for (size_t bi = 0; bi < sizeof bucket_list / sizeof bucket_list[0]; bi++) {
+        const int32_t bucket = bucket_list[bi];
+        if (bucket > base->max_batch) break;
+        if (only_bucket && bucket != only_bucket) continue;
+        for (int ti = 0; ti < n_tokens; ti++) {
+            const int32_t T = tokens[ti];
+            double alone[MAX_TP], together[MAX_TP];
+            for (int mode = 0; mode < 1 + tp; mode++) { /* mode d < tp: device d alone; mode tp: every device */
+                double samples[MAX_TP][REPS];
+                const int first = mode < tp ? mode : 0, last = mode < tp ? mode + 1 : tp;
+                for (int r = 0; r < REPS; r++) {
+                    for (int d = first; d < last; d++) {
+                        CHECK_CUDA(cudaSetDevice(d));
+                        CHECK_CUDA(cudaStreamSynchronize(s[d]));
+                        if (gdn_bench_spin(s[d], 2.0)) return 1;
+                        CHECK_CUDA(cudaEventRecord(start[d], s[d]));
+                    }
+                    for (int i = 0; i < STEPS; i++)
+                        for (int d = first; d < last; d++)
+                            if (issue_step(e[d], slots, bucket, T, s[d])) return 1;
+                    for (int d = first; d < last; d++) {
+                        CHECK_CUDA(cudaSetDevice(d));
+                        CHECK_CUDA(cudaEventRecord(stop[d], s[d]));
+                    }
+                    for (int d = first; d < last; d++) {
+                        CHECK_CUDA(cudaSetDevice(d));
+                        CHECK_CUDA(cudaEventSynchronize(stop[d]));
+                        float ms = 0;
+                        CHECK_CUDA(cudaEventElapsedTime(&ms, start[d], stop[d]));
+                        samples[d][r] = 1000.0 * ms / STEPS;
+                    }
+                }
+                for (int d = first; d < last; d++) (mode < tp ? alone : together)[d] = median_of(samples[d], REPS);
+            }
+            double worst = 0;
+            printf("%7d %3d |", bucket, T);
+            for (int d = 0; d < tp; d++) printf(" %8.1f", alone[d]);
+            printf(" |");
+            for (int d = 0; d < tp; d++) {
+                printf(" %8.1f", together[d]);
+                if (together[d] / alone[d] > worst) worst = together[d] / alone[d];
+            }
+            printf(" | %6.3f\n", worst);
+            fflush(stdout);
+        }
+    }
+    for (int d = 0; d < tp; d++) {
+        CHECK_GDN(gdn_engine_check_device_error(e[d], s[d]));
+        CHECK_CUDA(cudaSetDevice(d));
+        cudaStreamDestroy(s[d]), cudaEventDestroy(start[d]), cudaEventDestroy(stop[d]);
+        gdn_engine_destroy(e[d]);
+    }
+    free(slots), free(accepted);
+    return 0;
+}
+
 int gdn_bench_engine_main(int argc, char **argv)
 {
     gdn_dtype state = GDN_DTYPE_BF16;
@@ -304,6 +417,7 @@ int gdn_bench_engine_main(int argc, char **argv)
     int32_t ring_length = 0;                      /* 0: the library's default */
     int mixer = 0, separate = 0;
     int32_t only_bucket = 0; /* --bucket N: that bucket alone (for profilers) */
+    int tp = 0;              /* --tp N: one engine per device, heads split N ways */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--state") && v) state = strcmp(argv[++i], "f32") == 0 ? GDN_DTYPE_F32 : GDN_DTYPE_BF16;
@@ -319,6 +433,7 @@ int gdn_bench_engine_main(int argc, char **argv)
         else if (!strcmp(a, "--mixer")) mixer = 1;
         else if (!strcmp(a, "--separate")) separate = 1;
         else if (!strcmp(a, "--bucket") && v) only_bucket = atoi(argv[++i]);
+        else if (!strcmp(a, "--tp") && v) tp = atoi(argv[++i]);
         else if (!strcmp(a, "--max-batch") && v) max_batch = atoi(argv[++i]);
         else if (!strcmp(a, "--json") && v) json = argv[++i];
         else if (!strcmp(a, "--host-burst") && v) {
@@ -330,7 +445,7 @@ int gdn_bench_engine_main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] "
                             "[--host-burst 1..12] [--verify auto|cache|fold|ring] [--ring-length 4..32] [--mixer | --separate] [--bucket N] "
-                            "[--json FILE]\n");
+                            "[--tp N] [--json FILE]\n");
             return 2;
         }
     }
@@ -358,6 +473,13 @@ int gdn_bench_engine_main(int argc, char **argv)
         run.o_is_f32 = c.output_dtype == GDN_DTYPE_F32;
         c.capture = separate_capture, c.capture_user = &run;
         c.graph_mode = GDN_GRAPHS_LAZY; /* the callback reads the step's rows buffer */
+    }
+    if (tp) {
+        if (mixer || separate) {
+            fprintf(stderr, "--tp: the plain step only\n");
+            return 2;
+        }
+        return tp_main(&c, tp, tokens, n_tokens, only_bucket);
     }
     gdn_engine *e = NULL;
     const double t_create = now_us();

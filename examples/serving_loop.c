@@ -21,11 +21,17 @@
  *   4. Outputs are poisoned before each layer runs and must come back finite; at the end the
  *      device's sticky error flag must be clear and every slot returned. (The comparison with a float64
  *      reference lives in the test suite: tests/serving_loop_check.c.)
+ *   With --tp N the loop runs as a tensor-parallel serving engine does: one engine per device (CUDA
+ *      device d, or N CPU engines), engine d holding key heads [d HK/N, (d+1) HK/N) and value heads
+ *      [d HV/N, (d+1) HV/N) of every layer, all driven from this thread. Every call goes to each engine
+ *      in turn: the same slots, the same step, each engine its heads' slice of the inputs; a layer is
+ *      started on every device before any output is read back. (The all-reduce after the output
+ *      projection is the caller's; tests/test_gpu_tp.c checks the union against one engine.)
  *
  *   gdn-serving-loop [--preset tiny|qwen3-next|qwen3.5] [--layers N] [--steps N] [--seed N]
  *                    [--state f32|bf16] [--output bf16|f32] [--backend auto|cpu|cuda]
  *                    [--max-batch N] [--max-tokens N] [--slots N] [--verify auto|cache|fold|ring]
- *                    [--tree] [--verbose]
+ *                    [--tree] [--tp N] [--verbose]
  * Exit status: 0 when every check passed, 1 otherwise, 2 on a bad argument.
  */
 #include <math.h>
@@ -48,7 +54,23 @@
         }                                                                                           \
     } while (0)
 
-static gdn_engine *engine; /* for CHECK's error text */
+#define MAX_TP 8
+static gdn_engine *engine; /* the engine being called, for CHECK's error text */
+static gdn_engine *engines[MAX_TP];
+static int tp = 1;
+
+/* Runs `call` (which names `engine`) on every engine in turn. */
+#define EACH(call)                                                                                  \
+    for (int d_ = 0; d_ < tp; d_++) {                                                               \
+        engine = engines[d_];                                                                       \
+        CHECK(call);                                                                                \
+    }
+
+/* Copies heads [h0, h0 + h) of each of `rows` rows of `heads` heads of `width` 2-byte values. */
+static void slice_heads(uint16_t *dst, const uint16_t *src, size_t rows, int heads, int h0, int h, size_t width)
+{
+    for (size_t r = 0; r < rows; r++) memcpy(dst + r * h * width, src + (r * heads + h0) * width, sizeof(uint16_t) * h * width);
+}
 
 /* xorshift64*: the example's own random source. */
 static uint64_t rng_state = 42;
@@ -99,6 +121,7 @@ static int parse(int argc, char **argv, options *o)
         else if (!strcmp(a, "--max-batch")) o->max_batch = atoi(v);
         else if (!strcmp(a, "--max-tokens")) o->max_tokens = atoi(v);
         else if (!strcmp(a, "--slots")) o->slots = atoi(v);
+        else if (!strcmp(a, "--tp")) tp = atoi(v);
         else if (!strcmp(a, "--state")) o->state = !strcmp(v, "bf16") ? GDN_DTYPE_BF16 : GDN_DTYPE_F32;
         else if (!strcmp(a, "--output")) o->output = !strcmp(v, "f32") ? GDN_DTYPE_F32 : GDN_DTYPE_BF16;
         else if (!strcmp(a, "--backend"))
@@ -112,7 +135,7 @@ static int parse(int argc, char **argv, options *o)
     }
     if (o->slots == 0) o->slots = o->max_batch + o->max_batch / 4;
     if (o->max_tokens == 0) o->max_tokens = o->tree ? GDN_MAX_TOKENS : 4; /* trees of up to 16 nodes */
-    return o->steps >= 0;
+    return o->steps >= 0 && tp >= 1 && tp <= MAX_TP;
 }
 
 int main(int argc, char **argv)
@@ -129,19 +152,39 @@ int main(int argc, char **argv)
     config.state_dtype = o.state, config.output_dtype = o.output, config.backend = o.backend;
     config.num_slots = o.slots, config.max_batch = o.max_batch, config.max_tokens = o.max_tokens;
     config.verify_strategy = o.verify;
-    CHECK(gdn_engine_create(&config, &engine));
-    const gdn_engine_config *c = gdn_engine_get_config(engine);
     const int L = o.layers, HK = model.num_k_heads, HV = model.num_v_heads, K = model.head_dim_k, V = model.head_dim_v;
+    if (HK % tp || HV % tp) {
+        fprintf(stderr, "--tp %d does not divide the %d key and %d value heads\n", tp, HK, HV);
+        return 2;
+    }
+    const int HKp = HK / tp, HVp = HV / tp; /* each engine's heads */
+    config.model.num_k_heads = HKp, config.model.num_v_heads = HVp;
+    for (int d = 0; d < tp; d++) {
+        config.device = d;
+        const gdn_status created = gdn_engine_create(&config, &engines[d]);
+        if (created != GDN_OK) {
+            fprintf(stderr, "engine %d of %d: GDN_%s (%s)%s\n", d, tp, gdn_status_name(created), gdn_status_string(created),
+                    tp > 1 ? " (--tp needs that many GPUs with the CUDA backend)" : "");
+            return created == GDN_ENODEV ? 2 : 1;
+        }
+    }
+    engine = engines[0];
+    const gdn_engine_config *c = gdn_engine_get_config(engine);
     const char *strategies[] = {"cache", "fold", "auto", "ring"};
     printf("gdn-serving-loop: %s backend, %s x %d layers, %s state, %s verify%s, %d slots, batches up to %d, T up to %d\n",
            gdn_engine_backend(engine) == GDN_BACKEND_CUDA ? "CUDA (GPU)" : "CPU (float64 reference, no GPU used)",
            o.preset, L, o.state == GDN_DTYPE_F32 ? "fp32" : "bf16", strategies[c->verify_strategy],
            o.tree ? " of token trees" : "", o.slots, o.max_batch, o.max_tokens);
+    if (tp > 1) printf("tensor parallel: %d engines (%s), each %d key and %d value heads\n", tp,
+                       gdn_engine_backend(engine) == GDN_BACKEND_CUDA ? "one per device" : "all on the CPU", HKp, HVp);
 
     float *params = malloc(sizeof(float) * 2 * HV);
     for (int l = 0; l < L; l++) {
         for (int h = 0; h < 2 * HV; h++) params[h] = (float)(0.1 * normal());
-        CHECK(gdn_engine_set_layer_params(engine, l, params, params + HV));
+        for (int d = 0; d < tp; d++) { /* each engine its value heads' A_log and dt_bias */
+            engine = engines[d];
+            CHECK(gdn_engine_set_layer_params(engine, l, params + d * HVp, params + HV + d * HVp));
+        }
     }
 
     /* Host staging (a real engine's tensors are already on the device). */
@@ -149,7 +192,9 @@ int main(int argc, char **argv)
     const size_t state_elems = (size_t)HV * V * K, state_size = gdn_dtype_size(o.state);
     uint16_t *qk = malloc(sizeof(uint16_t) * 2 * rows * HK * K), *v = malloc(sizeof(uint16_t) * rows * HV * V);
     uint16_t *ab = malloc(sizeof(uint16_t) * 2 * rows * HV);
+    uint16_t *part = malloc(sizeof(uint16_t) * rows * (HV * V > HK * K ? HV * V : HK * K)); /* one engine's slice */
     unsigned char *out = malloc(rows * HV * V * out_size), *prefill = malloc(state_elems * state_size);
+    const size_t part_state = state_elems / tp * state_size; /* one engine's heads of a slot's state */
     int32_t *slot_of_row = malloc(sizeof(int32_t) * o.max_batch), *accepted = malloc(sizeof(int32_t) * o.max_batch);
     int32_t *counts = malloc(sizeof(int32_t) * o.max_batch), *parents = malloc(sizeof(int32_t) * o.max_batch * o.max_tokens);
     int32_t *live = malloc(sizeof(int32_t) * o.slots), *tokens_left = calloc((size_t)o.slots, sizeof(int32_t));
@@ -161,11 +206,21 @@ int main(int argc, char **argv)
         waiting += between(0, 2);
         while (waiting > 0) {
             int32_t slot;
+            engine = engines[0];
             const gdn_status s = gdn_slot_alloc(engine, &slot);
             if (s == GDN_ESLOT_EXHAUSTED) break;
             CHECK(s);
+            for (int d = 1; d < tp; d++) { /* the engines hand out slots in lockstep */
+                int32_t twin;
+                engine = engines[d];
+                CHECK(gdn_slot_alloc(engine, &twin));
+                if (twin != slot) {
+                    fprintf(stderr, "engine %d allocated slot %d, engine 0 slot %d\n", d, twin, slot);
+                    return 1;
+                }
+            }
             if (uniform() < 0.5) {
-                CHECK(gdn_slot_reset(engine, slot, NULL));
+                EACH(gdn_slot_reset(engine, slot, NULL));
             } else { /* a prefill's final state, one layer at a time */
                 for (int l = 0; l < L; l++) {
                     for (size_t e = 0; e < state_elems; e++) {
@@ -173,7 +228,7 @@ int main(int argc, char **argv)
                         if (o.state == GDN_DTYPE_F32) memcpy(prefill + 4 * e, &x, 4);
                         else ((uint16_t *)prefill)[e] = to_bf16(x);
                     }
-                    CHECK(gdn_slot_write_state(engine, l, slot, prefill));
+                    EACH(gdn_slot_write_state(engine, l, slot, prefill + d_ * part_state));
                 }
             }
             tokens_left[slot] = between(4, 40);
@@ -197,6 +252,7 @@ int main(int argc, char **argv)
         gdn_step step_desc = {.kind = verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, .tokens = T, .batch = batch,
                               .slots = slot_of_row, .token_counts = tree ? counts : NULL, .parents = tree ? parents : NULL};
         int32_t bucket;
+        engine = engines[0];
         gdn_status began = gdn_engine_begin_step(engine, &step_desc, NULL, &bucket);
         if (began == GDN_ENOTSUP && tree) { /* a backend whose kernels do not run trees: chains instead */
             printf("token trees are not supported on this backend: verify steps run chains instead\n");
@@ -205,37 +261,53 @@ int main(int argc, char **argv)
             began = gdn_engine_begin_step(engine, &step_desc, NULL, &bucket);
         }
         CHECK(began);
+        for (int d = 1; d < tp; d++) {
+            engine = engines[d];
+            CHECK(gdn_engine_begin_step(engine, &step_desc, NULL, NULL));
+        }
 
         const size_t n = (size_t)batch * T;
         for (int l = 0; l < L; l++) {
-            gdn_layer_io io;
-            CHECK(gdn_engine_layer_io(engine, l, &io));
             for (size_t e = 0; e < 2 * n * HK * K; e++) qk[e] = to_bf16((float)normal());
             for (size_t e = 0; e < n * HV * V; e++) v[e] = to_bf16((float)normal());
             for (size_t e = 0; e < 2 * n * HV; e++) ab[e] = to_bf16((float)(0.1 * normal()));
-            CHECK(gdn_engine_upload(engine, io.q, qk, n * HK * K * 2, NULL));
-            CHECK(gdn_engine_upload(engine, io.k, qk + n * HK * K, n * HK * K * 2, NULL));
-            CHECK(gdn_engine_upload(engine, io.v, v, n * HV * V * 2, NULL));
-            CHECK(gdn_engine_upload(engine, io.a, ab, n * HV * 2, NULL));
-            CHECK(gdn_engine_upload(engine, io.b, ab + n * HV, n * HV * 2, NULL));
-            memset(out, 0xff, n * HV * V * out_size); /* NaN: a row left unwritten shows */
-            CHECK(gdn_engine_upload(engine, io.o, out, n * HV * V * out_size, NULL));
-            CHECK(gdn_engine_run_layer(engine, l, NULL));
-            CHECK(gdn_engine_download(engine, out, io.o, n * HV * V * out_size, NULL));
-            CHECK(gdn_engine_synchronize(engine, NULL)); /* the staging buffers are reused next layer */
-            for (size_t e = 0; e < n * HV * V; e++) {
-                float x;
-                if (o.output == GDN_DTYPE_F32) memcpy(&x, out + 4 * e, 4);
-                else x = from_bf16(((uint16_t *)out)[e]);
-                const int row = (int)(e / ((size_t)T * HV * V)), t = (int)(e / ((size_t)HV * V) % (size_t)T);
-                bad_outputs += tree && t >= counts[row] ? x != 0.0f : !isfinite(x); /* past a row's nodes: zeros */
+            for (int d = 0; d < tp; d++) { /* each engine its heads of the inputs; the layer starts everywhere */
+                gdn_layer_io io;
+                engine = engines[d];
+                CHECK(gdn_engine_layer_io(engine, l, &io));
+                const struct { void *to; const uint16_t *from; int heads, h, width; } in[] = {
+                    {io.q, qk, HK, HKp, K}, {io.k, qk + n * HK * K, HK, HKp, K}, {io.v, v, HV, HVp, V},
+                    {io.a, ab, HV, HVp, 1}, {io.b, ab + n * HV, HV, HVp, 1}};
+                for (int p = 0; p < 5; p++) {
+                    slice_heads(part, in[p].from, n, in[p].heads, d * in[p].h, in[p].h, (size_t)in[p].width);
+                    CHECK(gdn_engine_upload(engine, in[p].to, part, n * in[p].h * in[p].width * 2, NULL));
+                    CHECK(gdn_engine_synchronize(engine, NULL)); /* part is refilled next */
+                }
+                memset(out, 0xff, n * HVp * V * out_size); /* NaN: a row left unwritten shows */
+                CHECK(gdn_engine_upload(engine, io.o, out, n * HVp * V * out_size, NULL));
+                CHECK(gdn_engine_run_layer(engine, l, NULL));
+            }
+            for (int d = 0; d < tp; d++) {
+                gdn_layer_io io;
+                engine = engines[d];
+                CHECK(gdn_engine_layer_io(engine, l, &io));
+                CHECK(gdn_engine_download(engine, out, io.o, n * HVp * V * out_size, NULL));
+                CHECK(gdn_engine_synchronize(engine, NULL)); /* the staging buffers are reused next layer */
+                for (size_t e = 0; e < n * HVp * V; e++) {
+                    float x;
+                    if (o.output == GDN_DTYPE_F32) memcpy(&x, out + 4 * e, 4);
+                    else x = from_bf16(((uint16_t *)out)[e]);
+                    const int row = (int)(e / ((size_t)T * HVp * V)), t = (int)(e / ((size_t)HVp * V) % (size_t)T);
+                    bad_outputs += tree && t >= counts[row] ? x != 0.0f : !isfinite(x); /* past a row's nodes: zeros */
+                }
             }
         }
         /* The sampler: accepted draft tokens per row, or for a tree the accepted node (-1: none). */
         for (int i = 0; i < batch; i++) accepted[i] = tree ? between(-1, counts[i] - 1) : verify ? between(0, T) : 1;
         if (verify) {
-            CHECK(gdn_engine_upload(engine, gdn_engine_accepted(engine), accepted, sizeof(int32_t) * batch, NULL));
-            CHECK(gdn_engine_commit(engine, NULL));
+            EACH(gdn_engine_upload(engine, gdn_engine_accepted(engine), accepted, sizeof(int32_t) * batch, NULL));
+            EACH(gdn_engine_synchronize(engine, NULL)); /* accepted is rewritten below */
+            EACH(gdn_engine_commit(engine, NULL));
             verify_steps++;
             for (int i = 0; i < batch; i++) {
                 drafted += tree ? counts[i] : T;
@@ -258,25 +330,30 @@ int main(int argc, char **argv)
             const int32_t slot = slot_of_row[i];
             tokens_left[slot] -= accepted[i];
             if (tokens_left[slot] > 0) continue;
-            CHECK(gdn_slot_free(engine, slot));
+            EACH(gdn_slot_free(engine, slot));
             for (int j = 0; j < n_live; j++)
                 if (live[j] == slot) live[j] = live[--n_live];
             retired++;
         }
         if (n_live > 0) cursor %= n_live;
     }
-    while (n_live > 0) CHECK(gdn_slot_free(engine, live[--n_live]));
+    for (; n_live > 0; n_live--) EACH(gdn_slot_free(engine, live[n_live - 1]));
 
-    const gdn_status device = gdn_engine_check_device_error(engine, NULL);
-    const int slots_left = gdn_slot_count(engine);
+    gdn_status device = GDN_OK;
+    int slots_left = 0;
+    for (int d = 0; d < tp; d++) {
+        const gdn_status flag = gdn_engine_check_device_error(engines[d], NULL);
+        if (flag != GDN_OK) device = flag;
+        slots_left += gdn_slot_count(engines[d]);
+    }
     printf("steps: %ld decode, %ld verify (%ld of %ld drafted tokens accepted); requests: %ld admitted, %ld "
            "retired\n", decode_steps, verify_steps, kept, drafted, admitted, retired);
     const int pass = bad_outputs == 0 && device == GDN_OK && slots_left == 0;
     printf("checks: %ld %s, device error flag %s, %d slots still held: %s\n", bad_outputs,
            o.tree ? "bad outputs (non-finite, or not zero past a row's nodes)" : "non-finite outputs",
            device == GDN_OK ? "clear" : gdn_status_name(device), slots_left, pass ? "PASS" : "FAIL");
-    gdn_engine_destroy(engine);
-    free(params), free(qk), free(v), free(ab), free(out), free(prefill), free(slot_of_row), free(accepted);
+    for (int d = 0; d < tp; d++) gdn_engine_destroy(engines[d]);
+    free(part), free(params), free(qk), free(v), free(ab), free(out), free(prefill), free(slot_of_row), free(accepted);
     free(counts), free(parents);
     free(live), free(tokens_left);
     return pass ? 0 : 1;

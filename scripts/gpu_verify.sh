@@ -55,6 +55,7 @@ if want tests; then
     sanitize memcheck test_gpu_op ""
     sanitize memcheck test_gpu_mixer ""
     sanitize memcheck test_gpu_tree ""
+    sanitize memcheck test_gpu_tp ""
 fi
 if want racecheck; then
     sanitize racecheck test_gpu_kernels qwen3_5 'gpu_kernels/qwen3_5*'
