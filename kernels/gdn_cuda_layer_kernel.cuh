@@ -480,9 +480,6 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
 /* Launcher                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* CTAs below which a launch uses fewer warps per CTA (more, smaller CTAs) to reach more SMs. */
-#define GDN__SMALL_GRID_CTAS 1024
-
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
@@ -496,9 +493,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     /* Fold (and the mixer) keeps more warps per CTA on small grids: its CTA prepares every token
      * (one warp a token) and does the row's bookkeeping, fixed costs that one-warp CTAs run serially
      * (B = 1, qwen3-next, T = 4: 1024 one-warp CTAs, each a ~9 us chain of ~3200 instructions). */
-    const int64_t min_ctas = SHARED ? GDN__SMALL_GRID_CTAS / 4 : GDN__SMALL_GRID_CTAS;
-    while (warps > 1 && (p->V % (warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < min_ctas))
-        warps /= 2;
+    warps = warps_for<Geo>(p, sets, SHARED ? GDN__SMALL_GRID_CTAS / 4 : GDN__SMALL_GRID_CTAS);
     const int cta_rows = sets * warps * Geo::ROWS_PER_WARP;
     const int tiles_per_head = p->V / cta_rows;
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
@@ -534,22 +529,15 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     return GDN_OK;
 }
 
-/* Large grids: more state per thread (more bytes in flight per SM); small grids: less state per
- * thread, so that the work spreads over more warps and SMs. */
+/* The instance holding as many state values a thread as state_regs_for picks for this grid. */
 template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool FOLD, bool MIXER>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
-    constexpr int BIG = big_regs<S>();
-    constexpr bool SHARED = shared_staging<FOLD, MIXER>();
-    using Big = layer_geometry<K, S, BIG, SHARED>;
-    using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, SHARED>;
-    const int64_t big_warps = (int64_t)p->B * p->HV * (p->V / Big::ROWS_PER_WARP);
-    const int64_t small_warps = (int64_t)p->B * p->HV * (p->V / Small::ROWS_PER_WARP);
-    if (big_warps >= 4 * GDN__SMALL_GRID_CTAS) return launch_regs<K, S, I, O, BIG, ONE_TOKEN, FOLD, MIXER>(p, stream);
-    /* The smallest decode grids (e.g. B = 1 of a 32-head layer): fewer rows per warp, shorter chains. */
-    if (ONE_TOKEN && small_warps < 2 * GDN__SMALL_GRID_CTAS)
-        return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, FOLD, MIXER>(p, stream);
-    return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER>(p, stream);
+    switch (state_regs_for<K, S, shared_staging<FOLD, MIXER>()>(p, ONE_TOKEN)) {
+    case state_regs::big: return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, FOLD, MIXER>(p, stream);
+    case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, FOLD, MIXER>(p, stream);
+    default: return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER>(p, stream);
+    }
 }
 
 /* The instances of one (K, state, input, output) combination: fold or cache, decode or not. */

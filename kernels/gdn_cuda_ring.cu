@@ -371,13 +371,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
 
         /* 4. Write-back: exp(P_last) S0 + sum_m exp(P_last - P_m) u_m k^_m over the flushed entries. */
         if (flush) {
-            const float f0 = s.flushc[flushed];
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-                for (int n = 0; n < NV; n++)
-#pragma unroll
-                    for (int e = 0; e < EV; e++) st[rt][n][e] *= f0;
+            scale_rows<Geo>(st, s.flushc[flushed]);
             for (int m = 0; m < flushed; m++) {
                 const float *khat_m = s.khat + (size_t)m * K;
                 const float fm = s.flushc[m];
@@ -445,12 +439,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
 /* Launcher                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* CTAs below which a launch uses fewer warps per CTA (more, smaller CTAs) to reach more SMs; and the
- * CTAs a launch keeps when it gives each CTA more passes over a head's rows (one preparation for more
- * state), up to GDN__RING_MAX_PASSES. */
-#ifndef GDN__RING_SMALL_GRID_CTAS
-#define GDN__RING_SMALL_GRID_CTAS 1024
-#endif
+/* The CTAs a launch keeps when it gives each CTA more passes over a head's rows (one preparation for
+ * more state), up to GDN__RING_MAX_PASSES. */
 #ifndef GDN__RING_SPAN_MIN_CTAS
 #define GDN__RING_SPAN_MIN_CTAS 1024
 #endif
@@ -460,10 +450,7 @@ template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
     using Geo = layer_geometry<K, S, REGS, true>;
-    int warps = 4;
-    while (warps > 1 && (p->V % (warps * Geo::ROWS_PER_WARP) != 0 ||
-                         (int64_t)p->B * p->HV * (p->V / (warps * Geo::ROWS_PER_WARP)) < GDN__RING_SMALL_GRID_CTAS))
-        warps /= 2;
+    const int warps = warps_for<Geo>(p, 1, GDN__SMALL_GRID_CTAS);
     if (p->V % (warps * Geo::ROWS_PER_WARP) != 0) return GDN_ENOTSUP;
     const int pass_rows = warps * Geo::ROWS_PER_WARP;
     int passes = 1;
@@ -487,20 +474,15 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     return GDN_OK;
 }
 
-/* Large grids: more state per thread (more bytes in flight per SM); small grids: less, so that the
- * work spreads over more warps and SMs (as the cache strategy's launcher). */
+/* The instance holding as many state values a thread as state_regs_for picks for this grid. */
 template <int K, typename S, typename I, typename O, bool ONE_TOKEN>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
-    constexpr int BIG = big_regs<S>();
-    using Big = layer_geometry<K, S, BIG, true>;
-    using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, true>;
-    const int64_t big_warps = (int64_t)p->B * p->HV * (p->V / Big::ROWS_PER_WARP);
-    const int64_t small_warps = (int64_t)p->B * p->HV * (p->V / Small::ROWS_PER_WARP);
-    if (big_warps >= 4 * GDN__RING_SMALL_GRID_CTAS) return launch_regs<K, S, I, O, BIG, ONE_TOKEN>(p, stream);
-    if (ONE_TOKEN && small_warps < 2 * GDN__RING_SMALL_GRID_CTAS)
-        return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN>(p, stream);
-    return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN>(p, stream);
+    switch (state_regs_for<K, S, true>(p, ONE_TOKEN)) {
+    case state_regs::big: return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN>(p, stream);
+    case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN>(p, stream);
+    default: return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN>(p, stream);
+    }
 }
 
 template <int K, typename S, typename I, typename O>

@@ -271,13 +271,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6)) ring_decode_state_k
     if (!flush) return;
 
     /* Write-back: S_{h+1} = exp(P_h) S0 + sum_{m <= h} fk[m] u_m raw_k_m. */
-    const float f0 = prep[PREP_DECAY_ALL];
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-        for (int n = 0; n < NV; n++)
-#pragma unroll
-            for (int e = 0; e < EV; e++) st[rt][n][e] *= f0;
+    scale_rows<Geo>(st, prep[PREP_DECAY_ALL]);
     for (int m = 0; m <= h; m++) {
         float c[RT], kr[NV][EV];
         if (m < h) {
@@ -309,19 +303,11 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6)) ring_decode_state_k
 /* Launcher                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* CTAs below which the state pass uses fewer warps per CTA (more, smaller CTAs: more SMs). */
-#ifndef GDN__RING_DECODE_SMALL_GRID_CTAS
-#define GDN__RING_DECODE_SMALL_GRID_CTAS 1024
-#endif
-
 template <int K, typename S, typename I, typename O, int REGS>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
     using Geo = layer_geometry<K, S, REGS, true>;
-    int warps = 4;
-    while (warps > 1 && (p->V % (warps * Geo::ROWS_PER_WARP) != 0 ||
-                         (int64_t)p->B * p->HV * (p->V / (warps * Geo::ROWS_PER_WARP)) < GDN__RING_DECODE_SMALL_GRID_CTAS))
-        warps /= 2;
+    const int warps = warps_for<Geo>(p, 1, GDN__SMALL_GRID_CTAS);
     if (p->V % (warps * Geo::ROWS_PER_WARP) != 0) return GDN_ENOTSUP;
     const bool overlap = p->overlap_preceding != 0;
     GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
@@ -332,18 +318,15 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     return GDN_OK;
 }
 
-/* State values a thread holds: as the one-kernel step (large grids more, small grids fewer). */
+/* State values a thread holds: as the one-kernel step's decode (state_regs_for). */
 template <int K, typename S, typename I, typename O>
 static gdn_status launch(const gdn__layer_params *p, cudaStream_t stream)
 {
-    constexpr int BIG = big_regs<S>();
-    using Big = layer_geometry<K, S, BIG, true>;
-    using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, true>;
-    const int64_t big_warps = (int64_t)p->B * p->HV * (p->V / Big::ROWS_PER_WARP);
-    const int64_t small_warps = (int64_t)p->B * p->HV * (p->V / Small::ROWS_PER_WARP);
-    if (big_warps >= 4 * GDN__RING_DECODE_SMALL_GRID_CTAS) return launch_regs<K, S, I, O, BIG>(p, stream);
-    if (small_warps < 2 * GDN__RING_DECODE_SMALL_GRID_CTAS) return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY>(p, stream);
-    return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL>(p, stream);
+    switch (state_regs_for<K, S, true>(p, true)) {
+    case state_regs::big: return launch_regs<K, S, I, O, big_regs<S>()>(p, stream);
+    case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY>(p, stream);
+    default: return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL>(p, stream);
+    }
 }
 
 static gdn_status dispatch(const gdn__layer_params *p, cudaStream_t stream, bool run)

@@ -147,6 +147,17 @@ template <int L, int RT, bool BOTH> __device__ __forceinline__ void row_sums(flo
         }
 }
 
+/* Multiplies every state value the thread holds by f. */
+template <typename Geo> __device__ __forceinline__ void scale_rows(float (&st)[Geo::RT][Geo::NV][Geo::EV], float f)
+{
+#pragma unroll
+    for (int rt = 0; rt < Geo::RT; rt++)
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+#pragma unroll
+            for (int e = 0; e < Geo::EV; e++) st[rt][n][e] *= f;
+}
+
 /* Stores the thread's state rows (times `decay` when DECAY_OUTSIDE), rounded once to S, into a
  * head's [V, K] block at dst. */
 template <int K, typename S, typename Geo, bool DECAY_OUTSIDE>
@@ -167,6 +178,41 @@ __device__ __forceinline__ void store_rows(S *dst, const float (&st)[Geo::RT][Ge
                 gdn__store_vec<S, Geo::EV>(at, st[rt][n]);
             }
         }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Launch shapes, shared by the layer and ring launchers                                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* CTAs below which a launch uses fewer warps per CTA (more, smaller CTAs) to reach more SMs, and
+ * the scale of the grids that take fewer state values a thread. */
+#ifndef GDN__SMALL_GRID_CTAS
+#define GDN__SMALL_GRID_CTAS 1024
+#endif
+
+/* State values a thread holds (layer_geometry's REGS) on p's grid: more on large grids (more bytes in
+ * flight per SM), fewer on small ones so that the work spreads over more warps and SMs, fewest on
+ * the smallest one-token grids (e.g. B = 1 of a 32-head layer: shorter chains). */
+enum class state_regs { big, small, tiny };
+template <int K, typename S, bool SHARED> inline state_regs state_regs_for(const gdn__layer_params *p, bool one_token)
+{
+    using Big = layer_geometry<K, S, big_regs<S>(), SHARED>;
+    using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, SHARED>;
+    const int64_t heads = (int64_t)p->B * p->HV;
+    if (heads * (p->V / Big::ROWS_PER_WARP) >= 4 * GDN__SMALL_GRID_CTAS) return state_regs::big;
+    if (one_token && heads * (p->V / Small::ROWS_PER_WARP) < 2 * GDN__SMALL_GRID_CTAS) return state_regs::tiny;
+    return state_regs::small;
+}
+
+/* Warps per CTA (4, 2 or 1) for CTAs of `sets` row sets: halved while a CTA's warps' rows do not
+ * divide V or the grid would have fewer than min_ctas CTAs. */
+template <typename Geo> inline int warps_for(const gdn__layer_params *p, int sets, int64_t min_ctas)
+{
+    int warps = 4;
+    while (warps > 1 && (p->V % (warps * Geo::ROWS_PER_WARP) != 0 ||
+                         (int64_t)p->B * p->HV * (p->V / (sets * warps * Geo::ROWS_PER_WARP)) < min_ctas))
+        warps /= 2;
+    return warps;
 }
 
 /* One switch from runtime (K, state, input, output) to template instances, for each kernel family's

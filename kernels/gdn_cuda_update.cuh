@@ -54,12 +54,7 @@ __device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::E
     if constexpr (DECAY_OUTSIDE) {
         G = decay * tv.g;
         if (G < GDN__DECAY_FOLD_BELOW) { /* uniform over the CTA */
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-                for (int n = 0; n < NV; n++)
-#pragma unroll
-                    for (int e = 0; e < EV; e++) st[rt][n][e] *= G;
+            scale_rows<Geo>(st, G);
             G = 1.0f;
         }
     }
