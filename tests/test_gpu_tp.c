@@ -117,14 +117,6 @@ static void upload(tp_engine *t, void *dst, const void *src, size_t bytes)
     cr_assert_eq(gdn_engine_upload(t->e, dst, src, bytes, NULL), GDN_OK);
 }
 
-/* Widens n raw elements to double. */
-static double *widen(const void *raw, size_t n, gdn_dtype dtype)
-{
-    double *out = malloc(sizeof(double) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) out[i] = gdn__load_f32(raw, dtype, (int64_t)i);
-    return out;
-}
-
 /*
  * Runs `steps` steps (decodes and committed verifies, one padding row, random accepted counts) on the
  * CPU reference, one CUDA engine with every head, and tp CUDA engines with a share each, and checks
@@ -168,7 +160,7 @@ static void run_tp(int tp, gdn_verify_strategy strategy, gdn_dtype state_dtype, 
             cr_assert_eq(slot, slots[s], "engines hand out the same slots");
         }
     const size_t head_state = (size_t)V * K, state_size = gdn_dtype_size(state_dtype);
-    void *state = malloc((size_t)HV * head_state * state_size), *part_state = malloc((size_t)HV * head_state * state_size);
+    void *state = malloc((size_t)HV * head_state * state_size);
     for (int32_t s = 0; s < TP_SLOTS; s++)
         for (int32_t l = 0; l < TP_LAYERS; l++) {
             draw(&rng, state, (size_t)HV * head_state, state_dtype, 0.1);
@@ -180,12 +172,11 @@ static void run_tp(int tp, gdn_verify_strategy strategy, gdn_dtype state_dtype, 
             }
         }
 
-    const gdn_dtype in_dtype = config.input_dtype, out_dtype = config.output_dtype;
-    const size_t in_size = gdn_dtype_size(in_dtype), out_size = gdn_dtype_size(out_dtype);
+    const gdn_dtype in_dtype = config.input_dtype;
+    const size_t in_size = gdn_dtype_size(in_dtype);
     const size_t max_tok = (size_t)TP_ROWS * TP_TOKENS;
     void *q = malloc(max_tok * HK * K * in_size), *k = malloc(max_tok * HK * K * in_size), *v = malloc(max_tok * HV * V * in_size);
     void *a = malloc(max_tok * HV * in_size), *b = malloc(max_tok * HV * in_size), *part = malloc(max_tok * HV * V * in_size);
-    void *o_raw = malloc(max_tok * HV * V * out_size);
     const gdn__tolerance tol = gdn__spec4_tolerance(state_dtype);
     size_t exact = 0, compared = 0;
 
@@ -213,8 +204,8 @@ static void run_tp(int tp, gdn_verify_strategy strategy, gdn_dtype state_dtype, 
                 slice_heads(part, v, tok, HV, t->vh0, t->hv, V, in_size), upload(t, io.v, part, tok * t->hv * V * in_size);
                 slice_heads(part, a, tok, HV, t->vh0, t->hv, 1, in_size), upload(t, io.a, part, tok * t->hv * in_size);
                 slice_heads(part, b, tok, HV, t->vh0, t->hv, 1, in_size), upload(t, io.b, part, tok * t->hv * in_size);
-                memset(o_raw, 0x7f, tok * t->hv * V * out_size); /* poison */
-                upload(t, io.o, o_raw, tok * t->hv * V * out_size);
+                if (t->device >= 0) wander_from(t->device);
+                test_poison_outputs(t->e, l);
                 if (t->device >= 0) wander_from(t->device);
                 cr_assert_eq(gdn_engine_synchronize(t->e, NULL), GDN_OK); /* the host buffers are reused */
             }
@@ -239,14 +230,8 @@ static void run_tp(int tp, gdn_verify_strategy strategy, gdn_dtype state_dtype, 
             const size_t n_out = tok * HV * V;
             double *got[PARTS + 8];
             for (int n = 0; n < count; n++) {
-                tp_engine *t = &eng[n];
-                gdn_layer_io io;
-                cr_assert_eq(gdn_engine_layer_io(t->e, l, &io), GDN_OK);
-                if (t->device >= 0) wander_from(t->device);
-                cr_assert_eq(gdn_engine_download(t->e, o_raw, io.o, tok * t->hv * V * out_size, NULL), GDN_OK);
-                if (t->device >= 0) wander_from(t->device);
-                cr_assert_eq(gdn_engine_synchronize(t->e, NULL), GDN_OK);
-                got[n] = widen(o_raw, tok * t->hv * V, out_dtype);
+                if (eng[n].device >= 0) wander_from(eng[n].device);
+                got[n] = test_read_outputs(eng[n].e, l, TP_ROWS, T);
             }
             double *uni = malloc(sizeof(double) * n_out);
             for (int d = 0; d < tp; d++) {
@@ -277,8 +262,7 @@ static void run_tp(int tp, gdn_verify_strategy strategy, gdn_dtype state_dtype, 
             double *full = test_read_state(eng[FULL].e, l, slots[s]);
             for (int d = 0; d < tp; d++) {
                 wander_from(d);
-                cr_assert_eq(gdn_slot_read_state(eng[PARTS + d].e, l, slots[s], part_state), GDN_OK);
-                double *got = widen(part_state, (size_t)eng[PARTS + d].hv * head_state, state_dtype);
+                double *got = test_read_state(eng[PARTS + d].e, l, slots[s]);
                 const size_t off = (size_t)eng[PARTS + d].vh0 * head_state, n = (size_t)eng[PARTS + d].hv * head_state;
                 const double err = test_error_ratio(got, ref + off, n, tol.state_abs, tol.state_rel);
                 cr_assert_leq(err, 1.0, "slot %d layer %d device %d: state at %.0f%% of tolerance", slots[s], l, d, 100 * err);
@@ -303,7 +287,7 @@ static void run_tp(int tp, gdn_verify_strategy strategy, gdn_dtype state_dtype, 
         if (eng[n].device >= 0) wander_from(eng[n].device);
         gdn_engine_destroy(eng[n].e);
     }
-    free(state), free(part_state), free(q), free(k), free(v), free(a), free(b), free(part), free(o_raw);
+    free(state), free(q), free(k), free(v), free(a), free(b), free(part);
 }
 
 Test(gpu_tp, two_devices_cache_f32, .timeout = 600) { run_tp(2, GDN_VERIFY_CACHE, GDN_DTYPE_F32, test_scaled_steps(24)); }
