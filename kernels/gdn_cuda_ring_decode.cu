@@ -16,6 +16,9 @@
  * for overlap) and waits for it only after its state loads are issued.
  */
 #include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
 
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
@@ -300,8 +303,418 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6)) ring_decode_state_k
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* 2'. Streamed state pass                                                                          */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The same math as ring_decode_state_kernel, but the memory side is decoupled from the math: a
+ * persistent grid (STREAM_CTAS_PER_SM CTAs an SM) walks work items (row, value head, tile of R state
+ * rows); a producer warp copies each item's state tile, preparation block, records' u (and, for a
+ * write-back, records' k), and the token's k, q and v into a ring of shared-memory stages with the
+ * bulk-copy engine, up to `stages` items ahead, and eight consumer warps do the math from shared
+ * memory. So the state bytes in flight do not end when a CTA's loads do, and the stores and the
+ * records' latency run while the next items stream in. The state copies of the first stages are
+ * issued before the wait for the preparation kernel. Bulk copies and mbarrier transaction counts
+ * need sm_90; it runs for 2-byte state on large grids (stream_state_pass_applies). */
+
+#define STREAM_CONSUMER_WARPS 8
+#define STREAM_THREADS ((STREAM_CONSUMER_WARPS + 1) * 32)
+#define STREAM_CTAS_PER_SM 2
+#define STREAM_MAX_STAGES 8
+#define STREAM_HEADER_BYTES 32
+
+/* State values a consumer thread holds: 32 with K >= 128 (64 rows an item: 32 KB tiles of fp32 state,
+ * 16 KB of 2-byte state), else 16; R divides every V. */
+template <int K, typename S> constexpr int stream_regs() { return K >= 128 ? 32 : 16; }
+
+template <int K, typename S> struct stream_layout {
+    using Geo = layer_geometry<K, S, stream_regs<K, S>(), true>;
+    static constexpr int R = STREAM_CONSUMER_WARPS * Geo::ROWS_PER_WARP; /* state rows an item */
+    static constexpr int U_STRIDE = R + 4; /* floats between records' u rows (bank spread) */
+    int64_t tile, prep, u, krec, kin, qin, vin, bytes;
+    __host__ __device__ stream_layout(int C)
+    {
+        tile = STREAM_HEADER_BYTES;
+        prep = tile + (int64_t)R * K * sizeof(S);
+        u = prep + (int64_t)gdn__ring_prep_floats(C) * 4;
+        krec = u + (int64_t)C * U_STRIDE * 4;
+        kin = krec + (int64_t)C * K * 2;
+        qin = kin + K * 2;
+        vin = qin + K * 2;
+        bytes = vin + (R * 2 + 15) / 16 * 16;
+    }
+};
+
+__device__ __forceinline__ uint32_t shared_address(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void barrier_init(uint64_t *bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint64_t *bar)
+{
+    asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(shared_address(bar)) : "memory");
+}
+/* sm_90: adds `bytes` to what the barrier's current phase waits for, and copies `bytes` (a multiple of
+ * 16, both addresses 16-byte aligned) from global to shared memory with the bulk-copy engine,
+ * counting them off on `bar` when they land. */
+__device__ __forceinline__ void barrier_expect_bytes(uint64_t *bar, uint32_t bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_copy(void *shared_dst, const void *global_src, uint32_t bytes, uint64_t *bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     shared_address(shared_dst)),
+                 "l"(global_src), "r"(bytes), "r"(shared_address(bar))
+                 : "memory");
+#endif
+}
+/* Arrives when every cp.async this thread has issued so far has landed (counted in the init). */
+__device__ __forceinline__ void barrier_arrive_after_copies(uint64_t *bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
+/* Waits for the phase of parity `parity` to complete. try_wait (sm_90) suspends the thread in hardware
+ * until the phase completes or a time limit passes; older targets poll with a short sleep. Either way
+ * the waiting warps leave the issue slots and the shared-memory pipe to the producer's copies. */
+__device__ __forceinline__ void barrier_wait(uint64_t *bar, unsigned parity)
+{
+    uint32_t done;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(shared_address(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+#else
+    for (;;) {
+        asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(shared_address(bar)), "r"(parity)
+                     : "memory");
+        if (done) break;
+        __nanosleep(32);
+    }
+#endif
+}
+
+/* A CTA's walk over work items blockIdx.x, blockIdx.x + gridDim.x, ... of the grid's (row i, value
+ * head, tile) items, the coordinates carried from item to item without a division. */
+struct item_walk {
+    int i, head, tile, step_i, step_head, step_tile;
+    __device__ item_walk(int start, int step, int HV, int tiles)
+    {
+        tile = start % tiles, head = start / tiles % HV, i = start / tiles / HV;
+        step_tile = step % tiles, step_head = step / tiles % HV, step_i = step / tiles / HV;
+    }
+    __device__ __forceinline__ void next(int HV, int tiles)
+    {
+        tile += step_tile;
+        const int carry = tile >= tiles;
+        if (carry) tile -= tiles;
+        head += step_head + carry;
+        i += step_i;
+        if (head >= HV) head -= HV, i++;
+    }
+};
+
+enum { ITEM_READ, ITEM_WRITE, ITEM_KIND }; /* header ints; kind: 0 padding, 1 out of range, 2 a row */
+
+template <int K, typename S, typename I, typename O>
+__global__ void __launch_bounds__(STREAM_THREADS, STREAM_CTAS_PER_SM) ring_decode_stream_kernel(const gdn__layer_params p, int stages)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using Lay = stream_layout<K, S>;
+    using Geo = typename Lay::Geo;
+    constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT, R = Lay::R;
+    constexpr uint32_t TILE_BYTES = R * K * sizeof(S), U_BYTES = R * 4, K_BYTES = K * 2;
+    static_assert(sizeof(I) == 2, "2-byte inputs");
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ uint64_t full[STREAM_MAX_STAGES], empty[STREAM_MAX_STAGES];
+
+    const int C = p.ring_capacity, HV = p.HV, HK = p.HK, V = p.V;
+    const Lay lay(C);
+    const int tiles = V / R, row_items = HV * tiles;
+    const int items = p.B * row_items; /* < 2^31: B <= 65535, HV * V <= 2^20 */
+    const int my_items = items > (int)blockIdx.x ? (items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, V), u_offset = gdn__ring_u_offset(HK, HV, K);
+    const int prep_floats = gdn__ring_prep_floats(C);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; s++) barrier_init(&full[s], 33), barrier_init(&empty[s], STREAM_CONSUMER_WARPS);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == STREAM_CONSUMER_WARPS) {
+        /* Producer. Lane j holds the slots (and, after the wait, the record count and write-back flag)
+         * of item it0 + j of this CTA's sequence; items are shared round-robin over the grid. */
+        int batch_r = -1, batch_w = -1, batch_h = 0, batch_flush = 0, batch_kind = 0;
+        const auto load_slots = [&](int it0) {
+            const int it = it0 + lane;
+            batch_kind = 0, batch_r = -1, batch_w = -1;
+            if (it < my_items) {
+                const int i = ((int)blockIdx.x + it * (int)gridDim.x) / row_items;
+                batch_r = p.read_slots[i];
+                batch_w = p.write_slots ? p.write_slots[i] : batch_r;
+                batch_kind = batch_r < 0 ? 0 : gdn__row_slots_invalid(batch_r, batch_w, p.num_slots) ? 1 : 2;
+            }
+        };
+        const auto load_counts = [&](int it0) {
+            const int it = it0 + lane;
+            batch_h = 0, batch_flush = 0;
+            if (it < my_items && batch_kind == 2) {
+                const int item = (int)blockIdx.x + it * (int)gridDim.x;
+                const float *prep = p.ring_prep + (int64_t)(item / tiles) * prep_floats; /* (row, head) = item / tiles */
+                batch_h = min(max((int)prep[PREP_COUNT], 0), C);
+                batch_flush = prep[PREP_FLUSH] != 0.0f;
+            }
+        };
+        const auto copy_state = [&](int head, int tile, int r, unsigned char *stage, uint64_t *bar) {
+            if (lane != 0) return;
+            barrier_expect_bytes(bar, TILE_BYTES);
+            bulk_copy(stage + lay.tile, static_cast<const S *>(p.state) + r * p.slot_stride + ((int64_t)head * V + tile * R) * K,
+                      TILE_BYTES, bar);
+        };
+
+        load_slots(0);
+        const int first = my_items < stages ? my_items : stages;
+        item_walk at(blockIdx.x, gridDim.x, HV, tiles);
+        for (int it = 0; it < first; it++, at.next(HV, tiles)) {
+            const int r = __shfl_sync(0xffffffffu, batch_r, it);
+            if (__shfl_sync(0xffffffffu, batch_kind, it) == 2) copy_state(at.head, at.tile, r, smem + it * lay.bytes, &full[it]);
+        }
+        at = item_walk(blockIdx.x, gridDim.x, HV, tiles);
+        if (p.overlap_preceding) gdn__wait_preceding();
+        gdn__allow_dependents();
+        load_counts(0);
+
+        for (int it = 0, s = 0, use = 0; it < my_items; it++, at.next(HV, tiles), s = s + 1 == stages ? (use++, 0) : s + 1) {
+            const int j = it % 32;
+            if (j == 0 && it > 0) load_slots(it), load_counts(it);
+            unsigned char *stage = smem + s * lay.bytes;
+            const int r = __shfl_sync(0xffffffffu, batch_r, j), w = __shfl_sync(0xffffffffu, batch_w, j);
+            const int kind = __shfl_sync(0xffffffffu, batch_kind, j);
+            const int h = __shfl_sync(0xffffffffu, batch_h, j);
+            const bool flush = __shfl_sync(0xffffffffu, batch_flush, j) != 0;
+            if (use > 0) {
+                barrier_wait(&empty[s], (unsigned)(use - 1) & 1);
+                if (kind == 2) copy_state(at.head, at.tile, r, stage, &full[s]);
+            }
+            if (kind == 2) {
+                const int i = at.i, head = at.head, tile = at.tile, kh = head / (HV / HK);
+                if (lane == 0)
+                    barrier_expect_bytes(&full[s], (uint32_t)prep_floats * 4 + 2 * K_BYTES + h * U_BYTES + (flush ? h * K_BYTES : 0));
+                __syncwarp();
+                const char *ring_r = static_cast<const char *>(p.ring) + (int64_t)r * C * record_bytes;
+                if (lane == 0) bulk_copy(stage + lay.prep, p.ring_prep + ((int64_t)i * HV + head) * prep_floats, prep_floats * 4, &full[s]);
+                if (lane == 1) bulk_copy(stage + lay.kin, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, 0, kh), K_BYTES, &full[s]);
+                if (lane == 2) bulk_copy(stage + lay.qin, static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, 0, kh), K_BYTES, &full[s]);
+                if (lane < h) {
+                    const char *record = ring_r + lane * record_bytes;
+                    bulk_copy(stage + lay.u + lane * Lay::U_STRIDE * 4, record + u_offset + ((int64_t)head * V + tile * R) * 4, U_BYTES,
+                              &full[s]);
+                    if (flush) bulk_copy(stage + lay.krec + lane * K_BYTES, record + kh * K_BYTES, K_BYTES, &full[s]);
+                }
+                const char *v_in = reinterpret_cast<const char *>(static_cast<const I *>(p.v) + gdn__at(p.v_strides, i, 0, head) + tile * R);
+                for (int c = lane; c < R / 2; c += 32) gdn__copy_async4(stage + lay.vin + c * 4, v_in + c * 4);
+            }
+            if (lane == 0) {
+                int *header = reinterpret_cast<int *>(stage);
+                header[ITEM_READ] = r, header[ITEM_WRITE] = w, header[ITEM_KIND] = kind;
+                barrier_arrive(&full[s]);
+            }
+            barrier_arrive_after_copies(&full[s]);
+        }
+        return;
+    }
+
+    /* Consumers. */
+    if (p.overlap_preceding) gdn__wait_preceding();
+    gdn__allow_dependents();
+    const int group = lane / L, glane = lane % L;
+    const int lrow0 = warp * Geo::ROWS_PER_WARP + group; /* the thread's rows in a tile: lrow0 + rt * G */
+    const int stride = gdn__ring_prep_stride(C);
+    O *out = static_cast<O *>(p.out);
+    item_walk at(blockIdx.x, gridDim.x, HV, tiles);
+    for (int it = 0, s = 0, use = 0; it < my_items; it++, at.next(HV, tiles), s = s + 1 == stages ? (use++, 0) : s + 1) {
+        const unsigned char *stage = smem + s * lay.bytes;
+        const int i = at.i, head = at.head, tile = at.tile, row0 = tile * R + lrow0;
+        barrier_wait(&full[s], (unsigned)use & 1);
+        const int *header = reinterpret_cast<const int *>(stage);
+        const int kind = header[ITEM_KIND];
+        const int64_t out_base = gdn__at(p.out_strides, i, 0, head);
+        if (kind != 2) {
+            if (kind == 1 && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
+            if (glane == 0)
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) out[out_base + row0 + rt * G] = gdn__from_f32<O>(0.0f);
+        } else {
+            const int64_t w = header[ITEM_WRITE];
+            const float *prep = reinterpret_cast<const float *>(stage + lay.prep);
+            const float *fk = prep + PREP_HEADER, *ck = fk + stride, *cq = ck + stride;
+            const float *u_s = reinterpret_cast<const float *>(stage + lay.u);
+            const I *k_s = reinterpret_cast<const I *>(stage + lay.kin), *q_s = reinterpret_cast<const I *>(stage + lay.qin);
+            const I *v_s = reinterpret_cast<const I *>(stage + lay.vin);
+            const S *tile_s = reinterpret_cast<const S *>(stage + lay.tile);
+            float st[RT][NV][EV], kx[NV][EV], qx[NV][EV];
+#pragma unroll
+            for (int n = 0; n < NV; n++) {
+                gdn__load_vec<I, EV>(k_s + (n * L + glane) * EV, kx[n]);
+                gdn__load_vec<I, EV>(q_s + (n * L + glane) * EV, qx[n]);
+            }
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int n = 0; n < NV; n++)
+                    gdn__load_vec<S, EV>(tile_s + (lrow0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
+            const int h = (int)prep[PREP_COUNT];
+            const bool flush = prep[PREP_FLUSH] != 0.0f;
+            if (head == 0 && tile == 0 && threadIdx.x == 0) p.ring_count[w] = flush ? 0 : h + 1;
+            const float c0k = prep[PREP_C0K], c0q = prep[PREP_C0Q];
+            float dk[RT], dq[RT];
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                float sk = 0.0f, sq = 0.0f;
+#pragma unroll
+                for (int n = 0; n < NV; n++)
+#pragma unroll
+                    for (int e = 0; e < EV; e++) sk = fmaf(st[rt][n][e], kx[n][e], sk), sq = fmaf(st[rt][n][e], qx[n][e], sq);
+                dk[rt] = sk * c0k, dq[rt] = sq * c0q;
+            }
+            for (int j = glane; j < h; j += L) {
+                const float ckj = ck[j], cqj = cq[j];
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) {
+                    const float uj = u_s[j * Lay::U_STRIDE + lrow0 + rt * G];
+                    dk[rt] = fmaf(ckj, uj, dk[rt]);
+                    dq[rt] = fmaf(cqj, uj, dq[rt]);
+                }
+            }
+            row_sums<L, RT, true>(dk, dq);
+
+            const float g = prep[PREP_DECAY], beta = prep[PREP_BETA], kq = prep[PREP_KQ];
+            const int64_t record_base = w * C * record_bytes + h * record_bytes + u_offset;
+            float *u_record = reinterpret_cast<float *>(static_cast<char *>(p.ring) + record_base) + (int64_t)head * V;
+            float u_own[RT];
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                u_own[rt] = beta * (gdn__to_f32(v_s[lrow0 + rt * G]) - g * dk[rt]);
+                if (glane == 0) {
+                    out[out_base + row0 + rt * G] = gdn__from_f32<O>(fmaf(kq, u_own[rt], dq[rt]));
+                    if (!flush) u_record[row0 + rt * G] = u_own[rt];
+                }
+            }
+            if (flush) {
+                /* Write-back: S_{h+1} = exp(P_h) S0 + sum_{m <= h} fk[m] u_m raw_k_m. */
+                scale_rows<Geo>(st, prep[PREP_DECAY_ALL]);
+                const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
+                for (int m = 0; m <= h; m++) {
+                    float c[RT], kr[NV][EV];
+                    if (m < h) {
+#pragma unroll
+                        for (int rt = 0; rt < RT; rt++) c[rt] = fk[m] * u_s[m * Lay::U_STRIDE + lrow0 + rt * G];
+#pragma unroll
+                        for (int n = 0; n < NV; n++) gdn__load_vec<I, EV>(krec_s + m * K + (n * L + glane) * EV, kr[n]);
+                    } else {
+#pragma unroll
+                        for (int rt = 0; rt < RT; rt++) c[rt] = fk[m] * u_own[rt];
+#pragma unroll
+                        for (int n = 0; n < NV; n++)
+#pragma unroll
+                            for (int e = 0; e < EV; e++) kr[n][e] = kx[n][e];
+                    }
+#pragma unroll
+                    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                        for (int n = 0; n < NV; n++)
+#pragma unroll
+                            for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(c[rt], kr[n][e], st[rt][n][e]);
+                }
+                store_rows<K, S, Geo, false>(static_cast<S *>(p.state) + w * p.slot_stride + (int64_t)head * V * K, st, 1.0f,
+                                             row0, glane);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) barrier_arrive(&empty[s]);
+    }
+#else
+    __trap(); /* launched only where sm_90 code is loaded (stream_state_pass_supported) */
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Launcher                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
+
+/* The streamed state pass's launch: STREAM_CTAS_PER_SM CTAs an SM, as many stages as the shared
+ * memory of each holds, up to STREAM_MAX_STAGES; GDN_ENOTSUP when fewer than two fit or the tile does
+ * not divide V (the register state pass runs then). */
+template <int K, typename S, typename I, typename O>
+static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream)
+{
+    using Lay = stream_layout<K, S>;
+    if (p->V % Lay::R != 0) return GDN_ENOTSUP;
+    const Lay lay(p->ring_capacity);
+    int device = 0, sms = 0, per_sm_bytes = 0, per_block_bytes = 0;
+    GDN__CUDA_TRY(cudaGetDevice(&device));
+    GDN__CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    GDN__CUDA_TRY(cudaDeviceGetAttribute(&per_sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    GDN__CUDA_TRY(cudaDeviceGetAttribute(&per_block_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    int64_t budget = per_sm_bytes / STREAM_CTAS_PER_SM - 2048; /* the runtime's reserve and the static barriers */
+    if (budget > per_block_bytes) budget = per_block_bytes;
+    int64_t stages = budget / lay.bytes;
+    if (stages > STREAM_MAX_STAGES) stages = STREAM_MAX_STAGES;
+    if (stages < 2) return GDN_ENOTSUP;
+    const int64_t items = (int64_t)p->B * p->HV * (p->V / Lay::R);
+    int64_t ctas = (int64_t)sms * STREAM_CTAS_PER_SM;
+    if (ctas > items) ctas = items;
+    const int smem = (int)(stages * lay.bytes);
+    static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
+    GDN__CUDA_TRY(gdn__opt_in_shared(ring_decode_stream_kernel<K, S, I, O>, (int)budget, opted_in));
+    GDN__CUDA_TRY(gdn__launch(ring_decode_stream_kernel<K, S, I, O>, dim3((unsigned)ctas), dim3(STREAM_THREADS), smem, stream,
+                              p->overlap_preceding != 0, *p, (int)stages));
+    return GDN_OK;
+}
+
+/* The (row, value head) pairs for which a decode streams its state (the streamed pass): from 1024
+ * with 2-byte state, 512..2048 with fp32 state; elsewhere the register pass (or, on large fp32 grids,
+ * the one-kernel step) measured faster (bench/results/2026-11-25-h100-ring-stream.md). */
+#ifndef GDN__RING_STREAM_MIN_HEADS_BF16
+#define GDN__RING_STREAM_MIN_HEADS_BF16 1024
+#endif
+#ifndef GDN__RING_STREAM_MIN_HEADS_F32
+#define GDN__RING_STREAM_MIN_HEADS_F32 512
+#endif
+#ifndef GDN__RING_STREAM_MAX_HEADS_F32
+#define GDN__RING_STREAM_MAX_HEADS_F32 2048
+#endif
+
+/* Whether the streamed state pass runs: on the grids above, with sm_90 code (bulk copies), the
+ * condition under which the library's kernels also overlap their launches. GDN_RING_STATE_PASS=tiles
+ * (never) or =stream (every grid) overrides the grid rule, for A/B runs. */
+static int stream_state_pass_override()
+{
+    static const int mode = [] {
+        const char *e = getenv("GDN_RING_STATE_PASS");
+        return !e ? 0 : strcmp(e, "tiles") == 0 ? -1 : strcmp(e, "stream") == 0 ? 1 : 0;
+    }();
+    return mode;
+}
+
+static bool stream_state_pass_applies(const gdn__layer_params *p)
+{
+    if (!gdn__overlap_supported()) return false;
+    const int mode = stream_state_pass_override();
+    if (mode != 0) return mode > 0;
+    const int64_t pairs = (int64_t)p->B * p->HV;
+    return p->state_dtype == GDN_DTYPE_F32 ? pairs >= GDN__RING_STREAM_MIN_HEADS_F32 && pairs <= GDN__RING_STREAM_MAX_HEADS_F32
+                                           : pairs >= GDN__RING_STREAM_MIN_HEADS_BF16;
+}
 
 template <int K, typename S, typename I, typename O, int REGS>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
@@ -312,6 +725,14 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const bool overlap = p->overlap_preceding != 0;
     GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
                               stream, overlap, *p));
+    if (stream_state_pass_applies(p)) {
+        const gdn_status streamed = launch_stream<K, S, I, O>(p, stream);
+        if (streamed != GDN_ENOTSUP) {
+            if (streamed != GDN_OK) return streamed;
+            GDN__CUDA_TRY(gdn__cuda_launch_error());
+            return GDN_OK;
+        }
+    }
     const dim3 grid((unsigned)(p->HV * (p->V / (warps * Geo::ROWS_PER_WARP))), (unsigned)p->B);
     GDN__CUDA_TRY(gdn__launch(ring_decode_state_kernel<K, S, I, O, REGS>, grid, dim3(warps * 32), 0, stream, overlap, *p));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
@@ -353,7 +774,8 @@ extern "C" int gdn__cuda_ring_decode_applies(const gdn__layer_params *p)
     }();
     return !one_kernel && p->ring_prep && p->T == 1 && !p->deferred_verify && !p->token_counts && !p->parents &&
            !gdn__mixer_on(&p->mixer) && p->ring_capacity <= GDN_MAX_RING_LENGTH &&
-           (int64_t)p->B * p->HV <= (p->state_dtype == GDN_DTYPE_F32 ? GDN__RING_SPLIT_MAX_HEADS_F32 : GDN__RING_SPLIT_MAX_HEADS_BF16);
+           (stream_state_pass_applies(p) ||
+            (int64_t)p->B * p->HV <= (p->state_dtype == GDN_DTYPE_F32 ? GDN__RING_SPLIT_MAX_HEADS_F32 : GDN__RING_SPLIT_MAX_HEADS_BF16));
 }
 
 extern "C" gdn_status gdn__cuda_ring_decode(const gdn__layer_params *p, void *stream)
