@@ -264,6 +264,31 @@ Test(gpu_fold, ring_slots_outside_the_step_and_padding_rows_are_bit_exact)
     ring_check_slots_outside_the_step_and_padding_rows_are_bit_exact(GDN_BACKEND_CUDA);
 }
 
+/* The ring decode's streamed state pass runs by default only from mid-size grids (2-byte state from
+ * 1024 row-heads, fp32 512..2048); GDN_RING_STATE_PASS=stream puts every decode on it (sm_90 code;
+ * its 64-row tiles divide the V of every preset here), so that the directed checks (write-backs at
+ * every ring position, padding rows, slots outside the step) and small batches of both dtypes hold on
+ * it too. Criterion runs each test in its own process: the setting stays in this test. */
+Test(gpu_fold, ring_streamed_state_pass_on_every_grid, .timeout = 900)
+{
+    test_require_gpu();
+    cr_assert_eq(setenv("GDN_RING_STATE_PASS", "stream", 1), 0);
+    ring_check_write_back_points_are_exact(GDN_BACKEND_CUDA);
+    ring_check_slots_outside_the_step_and_padding_rows_are_bit_exact(GDN_BACKEND_CUDA);
+    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    for (int d = 0; d < 2; d++) {
+        scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_RING, .layers = 2, .steps = 60,
+                              .num_slots = 20, .max_batch = 8, .max_tokens = 4, .check_every = 6, .ring_length = 4,
+                              .seed = 790 + (uint64_t)d};
+        scenario_result r = run_scenario(&o);
+        cr_log_info("qwen3-next %s ring 4, streamed state pass, B <= 8: worst state %.1f%%, output %.1f%% of tolerance; "
+                    "write-backs: decode %d, verify %d",
+                    d ? "bf16" : "fp32", 100 * r.worst_state, 100 * r.worst_output, r.ring_flush_decode, r.ring_flush_verify);
+        if (test_full_length()) cr_assert_gt(r.ring_flush_decode, 0);
+    }
+}
+
 #else /* no CUDA in this build: one test that says so by skipping */
 
 Test(gpu_fold, skipped_without_cuda)
