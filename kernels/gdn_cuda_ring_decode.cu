@@ -1,6 +1,6 @@
 /*
  * The ring strategy's decode in two kernels (semantics: kernels/gdn_kernel_params.h, "Ring strategy";
- * the math: kernels/gdn_cuda_ring.cu's header), run for small grids (gdn__cuda_ring_decode_applies).
+ * the math: kernels/gdn_cuda_ring.cu's header), run where gdn__cuda_ring_decode_applies says.
  * The one-kernel step (gdn_cuda_ring.cu) repeats the token preparation (normalised k and q, the
  * records' dot products, the cumulative decays) in every CTA of a row, a long dependent chain after
  * the CTA's state rows arrive. Here:
@@ -12,6 +12,8 @@
  *      before the wait for kernel 1), then per state row S0.k^ and S0.q^ and the records' terms
  *      (lane j mod L takes record j's u) in one lane-group sum. A row that writes back (ring full,
  *      or write slot != read slot) writes S_{h+1} in the same pass. It moves the count.
+ *   2'. or, on mid-size and large grids with sm_90 code, ring_decode_stream_kernel: the same math,
+ *      with the state tiles streamed into shared memory by a producer warp (section 2').
  * Kernel 2 launches while kernel 1 runs (programmatic dependent launch, when the layer's launch asks
  * for overlap) and waits for it only after its state loads are issued.
  */
