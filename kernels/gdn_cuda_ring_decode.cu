@@ -181,6 +181,73 @@ template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) rin
 /* 2. State pass                                                                                    */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* The row math both state passes share; they differ only in where the records' u and k come from:
+ * u_at(j, rt) is record j's u at the thread's row rt, k_at(m) record m's raw k (K values, the head's
+ * key head). */
+
+/* dk, dq: S0.k and S0.q (raw k, q) over the thread's columns, scaled by c0k, c0q, plus the records'
+ * terms (lane j mod L takes record j), before the lane-group sum. */
+template <typename Geo, typename UAt>
+__device__ __forceinline__ void row_terms(const float (&st)[Geo::RT][Geo::NV][Geo::EV], const float (&kx)[Geo::NV][Geo::EV],
+                                          const float (&qx)[Geo::NV][Geo::EV], const float *prep, const float *ck, const float *cq,
+                                          int h, UAt u_at, int glane, float (&dk)[Geo::RT], float (&dq)[Geo::RT])
+{
+    constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, RT = Geo::RT;
+    const float c0k = prep[PREP_C0K], c0q = prep[PREP_C0Q];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) {
+        float sk = 0.0f, sq = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NV; n++)
+#pragma unroll
+            for (int e = 0; e < EV; e++) sk = fmaf(st[rt][n][e], kx[n][e], sk), sq = fmaf(st[rt][n][e], qx[n][e], sq);
+        dk[rt] = sk * c0k, dq[rt] = sq * c0q;
+    }
+    for (int j = glane; j < h; j += L) {
+        const float ckj = ck[j], cqj = cq[j];
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+            const float uj = u_at(j, rt);
+            dk[rt] = fmaf(ckj, uj, dk[rt]);
+            dq[rt] = fmaf(cqj, uj, dq[rt]);
+        }
+    }
+}
+
+/* Write-back: st becomes S_{h+1} = exp(P_h) S0 + sum_{m <= h} fk[m] u_m raw_k_m, entry h the token's
+ * own (u_own, kx). */
+template <typename Geo, typename I, typename UAt, typename KAt>
+__device__ __forceinline__ void write_back_rows(float (&st)[Geo::RT][Geo::NV][Geo::EV], const float *prep, const float *fk, int h,
+                                                UAt u_at, KAt k_at, const float (&u_own)[Geo::RT],
+                                                const float (&kx)[Geo::NV][Geo::EV], int glane)
+{
+    constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, RT = Geo::RT;
+    scale_rows<Geo>(st, prep[PREP_DECAY_ALL]);
+    for (int m = 0; m <= h; m++) {
+        float c[RT], kr[NV][EV];
+        if (m < h) {
+            const I *k_rec = k_at(m);
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) c[rt] = fk[m] * u_at(m, rt);
+#pragma unroll
+            for (int n = 0; n < NV; n++) gdn__load_vec<I, EV>(k_rec + (n * L + glane) * EV, kr[n]);
+        } else {
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) c[rt] = fk[m] * u_own[rt];
+#pragma unroll
+            for (int n = 0; n < NV; n++)
+#pragma unroll
+                for (int e = 0; e < EV; e++) kr[n][e] = kx[n][e];
+        }
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int n = 0; n < NV; n++)
+#pragma unroll
+                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(c[rt], kr[n][e], st[rt][n][e]);
+    }
+}
+
 template <int K, typename S, typename I, typename O, int REGS>
 __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6)) ring_decode_state_kernel(const gdn__layer_params p)
 {
@@ -237,29 +304,10 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6)) ring_decode_state_k
         return reinterpret_cast<const float *>(ring + j * record_bytes + u_offset) + (int64_t)head * V;
     };
 
-    /* S0.k and S0.q (raw k, q) over the thread's columns, scaled, and the records' terms (lane j mod
-     * L takes record j) in one lane-group sum. */
-    const float c0k = prep[PREP_C0K], c0q = prep[PREP_C0Q];
+    /* S0.k and S0.q and the records' terms in one lane-group sum. */
+    const auto u_at = [&](int j, int rt) { return u_of(ring_r, j)[row0 + rt * G]; };
     float dk[RT], dq[RT];
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++) {
-        float sk = 0.0f, sq = 0.0f;
-#pragma unroll
-        for (int n = 0; n < NV; n++)
-#pragma unroll
-            for (int e = 0; e < EV; e++) sk = fmaf(st[rt][n][e], kx[n][e], sk), sq = fmaf(st[rt][n][e], qx[n][e], sq);
-        dk[rt] = sk * c0k, dq[rt] = sq * c0q;
-    }
-    for (int j = glane; j < h; j += L) {
-        const float ckj = ck[j], cqj = cq[j];
-        const float *u = u_of(ring_r, j);
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++) {
-            const float uj = u[row0 + rt * G];
-            dk[rt] = fmaf(ckj, uj, dk[rt]);
-            dq[rt] = fmaf(cqj, uj, dq[rt]);
-        }
-    }
+    row_terms<Geo>(st, kx, qx, prep, ck, cq, h, u_at, glane, dk, dq);
     row_sums<L, RT, true>(dk, dq);
 
     const float g = prep[PREP_DECAY], beta = prep[PREP_BETA], kq = prep[PREP_KQ];
@@ -275,32 +323,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6)) ring_decode_state_k
     }
     if (!flush) return;
 
-    /* Write-back: S_{h+1} = exp(P_h) S0 + sum_{m <= h} fk[m] u_m raw_k_m. */
-    scale_rows<Geo>(st, prep[PREP_DECAY_ALL]);
-    for (int m = 0; m <= h; m++) {
-        float c[RT], kr[NV][EV];
-        if (m < h) {
-            const float *u = u_of(ring_r, m);
-            const I *k_rec = reinterpret_cast<const I *>(ring_r + m * record_bytes) + (int64_t)kh * K;
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++) c[rt] = fk[m] * u[row0 + rt * G];
-#pragma unroll
-            for (int n = 0; n < NV; n++) gdn__load_vec<I, EV>(k_rec + (n * L + glane) * EV, kr[n]);
-        } else {
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++) c[rt] = fk[m] * u_own[rt];
-#pragma unroll
-            for (int n = 0; n < NV; n++)
-#pragma unroll
-                for (int e = 0; e < EV; e++) kr[n][e] = kx[n][e];
-        }
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-            for (int n = 0; n < NV; n++)
-#pragma unroll
-                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(c[rt], kr[n][e], st[rt][n][e]);
-    }
+    const auto k_at = [&](int m) { return reinterpret_cast<const I *>(ring_r + m * record_bytes) + (int64_t)kh * K; };
+    write_back_rows<Geo, I>(st, prep, fk, h, u_at, k_at, u_own, kx, glane);
     store_rows<K, S, Geo, false>(static_cast<S *>(p.state) + w * p.slot_stride + head * state_elems, st, 1.0f, row0, glane);
 }
 
@@ -577,26 +601,9 @@ __global__ void __launch_bounds__(STREAM_THREADS, STREAM_CTAS_PER_SM) ring_decod
             const int h = (int)prep[PREP_COUNT];
             const bool flush = prep[PREP_FLUSH] != 0.0f;
             if (head == 0 && tile == 0 && threadIdx.x == 0) p.ring_count[w] = flush ? 0 : h + 1;
-            const float c0k = prep[PREP_C0K], c0q = prep[PREP_C0Q];
+            const auto u_at = [&](int j, int rt) { return u_s[j * Lay::U_STRIDE + lrow0 + rt * G]; };
             float dk[RT], dq[RT];
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++) {
-                float sk = 0.0f, sq = 0.0f;
-#pragma unroll
-                for (int n = 0; n < NV; n++)
-#pragma unroll
-                    for (int e = 0; e < EV; e++) sk = fmaf(st[rt][n][e], kx[n][e], sk), sq = fmaf(st[rt][n][e], qx[n][e], sq);
-                dk[rt] = sk * c0k, dq[rt] = sq * c0q;
-            }
-            for (int j = glane; j < h; j += L) {
-                const float ckj = ck[j], cqj = cq[j];
-#pragma unroll
-                for (int rt = 0; rt < RT; rt++) {
-                    const float uj = u_s[j * Lay::U_STRIDE + lrow0 + rt * G];
-                    dk[rt] = fmaf(ckj, uj, dk[rt]);
-                    dq[rt] = fmaf(cqj, uj, dq[rt]);
-                }
-            }
+            row_terms<Geo>(st, kx, qx, prep, ck, cq, h, u_at, glane, dk, dq);
             row_sums<L, RT, true>(dk, dq);
 
             const float g = prep[PREP_DECAY], beta = prep[PREP_BETA], kq = prep[PREP_KQ];
@@ -612,31 +619,8 @@ __global__ void __launch_bounds__(STREAM_THREADS, STREAM_CTAS_PER_SM) ring_decod
                 }
             }
             if (flush) {
-                /* Write-back: S_{h+1} = exp(P_h) S0 + sum_{m <= h} fk[m] u_m raw_k_m. */
-                scale_rows<Geo>(st, prep[PREP_DECAY_ALL]);
                 const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
-                for (int m = 0; m <= h; m++) {
-                    float c[RT], kr[NV][EV];
-                    if (m < h) {
-#pragma unroll
-                        for (int rt = 0; rt < RT; rt++) c[rt] = fk[m] * u_s[m * Lay::U_STRIDE + lrow0 + rt * G];
-#pragma unroll
-                        for (int n = 0; n < NV; n++) gdn__load_vec<I, EV>(krec_s + m * K + (n * L + glane) * EV, kr[n]);
-                    } else {
-#pragma unroll
-                        for (int rt = 0; rt < RT; rt++) c[rt] = fk[m] * u_own[rt];
-#pragma unroll
-                        for (int n = 0; n < NV; n++)
-#pragma unroll
-                            for (int e = 0; e < EV; e++) kr[n][e] = kx[n][e];
-                    }
-#pragma unroll
-                    for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-                        for (int n = 0; n < NV; n++)
-#pragma unroll
-                            for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(c[rt], kr[n][e], st[rt][n][e]);
-                }
+                write_back_rows<Geo, I>(st, prep, fk, h, u_at, [&](int m) { return krec_s + m * K; }, u_own, kx, glane);
                 store_rows<K, S, Geo, false>(static_cast<S *>(p.state) + w * p.slot_stride + (int64_t)head * V * K, st, 1.0f,
                                              row0, glane);
             }
@@ -645,7 +629,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, STREAM_CTAS_PER_SM) ring_decod
         if (lane == 0) barrier_arrive(&empty[s]);
     }
 #else
-    __trap(); /* launched only where sm_90 code is loaded (stream_state_pass_supported) */
+    __trap(); /* launched only where sm_90 code is loaded (stream_state_pass_applies) */
 #endif
 }
 
