@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
@@ -352,10 +353,16 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6)) ring_decode_state_k
  * 16 KB of 2-byte state), else 16; R divides every V. */
 template <int K, typename S> constexpr int stream_regs() { return K >= 128 ? 32 : 16; }
 
-template <int K, typename S> struct stream_layout {
+/* MMA: bf16 state and bf16 inputs take S0.k and S0.q from the tensor cores (mma.sync m16n8k16, the
+ * token's raw k and q as the B columns; bf16 products are exact, sums in fp32), a warp 16 state rows
+ * of an item; the consumer warps form two groups that take alternate items (R = 64 rows an item, so
+ * that as many stages fit as in the register form). */
+template <bool MMA> constexpr int stream_groups() { return MMA ? 2 : 1; }
+template <int K, typename S, bool MMA> struct stream_layout {
     using Geo = layer_geometry<K, S, stream_regs<K, S>(), true>;
-    static constexpr int R = STREAM_CONSUMER_WARPS * Geo::ROWS_PER_WARP; /* state rows an item */
-    static constexpr int U_STRIDE = R + 4; /* floats between records' u rows (bank spread) */
+    static constexpr int GROUP_WARPS = STREAM_CONSUMER_WARPS / stream_groups<MMA>(); /* consumer warps an item */
+    static constexpr int R = MMA ? GROUP_WARPS * 16 : GROUP_WARPS * Geo::ROWS_PER_WARP; /* state rows an item */
+    static constexpr int U_STRIDE = MMA ? R + 8 : R + 4; /* floats between records' u rows (bank spread) */
     int64_t tile, prep, u, krec, kin, qin, vin, bytes;
     __host__ __device__ stream_layout(int C)
     {
@@ -371,6 +378,17 @@ template <int K, typename S> struct stream_layout {
 };
 
 __device__ __forceinline__ uint32_t shared_address(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+/* d += A B on the tensor cores: A 16 x 16 bf16 (a0..a3), B 16 x 8 bf16 (b0, b1), d 16 x 8 fp32, in the
+ * PTX ISA's m16n8k16 fragment layouts. */
+__device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                                  uint32_t b1)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
 __device__ __forceinline__ void barrier_init(uint64_t *bar, unsigned count)
 {
     asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
@@ -449,11 +467,122 @@ struct item_walk {
 
 enum { ITEM_READ, ITEM_WRITE, ITEM_KIND }; /* header ints; kind: 0 padding, 1 out of range, 2 a row */
 
-template <int K, typename S, typename I, typename O>
+/* A consumer warp's part of an item in the MMA form: state rows warp * 16 + (0..15) of the tile (warp:
+ * its place in its group; leader: the group's first thread). A quad of lanes (qg = lane / 4) holds
+ * rows rowA = warp * 16 + qg and rowB = rowA + 8. The MMA's reduction index may visit a row's columns
+ * in any order that A and B share: lane qt reads 8 consecutive columns 32 c + 8 qt .. + 7 of each
+ * 32 (one 16-byte read a row, at most 2-way bank conflicts in the unpadded tile), the first four for
+ * MMA step 2 c, the last four for step 2 c + 1. B's column 0 is the token's raw k, column 1 its raw
+ * q, the rest zero: the quad's lane 0 gets S0.k and S0.q of both rows, the others zeros, and the
+ * records' terms (record j on lane j mod 4) join them in one quad sum. */
+template <int K, typename I, typename O, typename Lay>
+__device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const unsigned char *stage, const Lay &lay, int kind,
+                                            int64_t i, int head, int tile, int64_t out_base, int warp, int lane, bool leader)
+{
+    using S = __nv_bfloat16;
+    constexpr int R = Lay::R, PITCH = K * 2, US = Lay::U_STRIDE;
+    const int qg = lane >> 2, qt = lane & 3;
+    const int rowA = warp * 16 + qg, rowB = rowA + 8;
+    const int V = p.V, C = p.ring_capacity;
+    O *out = static_cast<O *>(p.out);
+    if (kind != 2) {
+        if (kind == 1 && p.error_flag && leader) *p.error_flag = 1;
+        if (qt < 2) out[out_base + tile * R + (qt == 0 ? rowA : rowB)] = gdn__from_f32<O>(0.0f);
+        return;
+    }
+    const int64_t w = reinterpret_cast<const int *>(stage)[ITEM_WRITE];
+    const int stride = gdn__ring_prep_stride(C);
+    const float *prep = reinterpret_cast<const float *>(stage + lay.prep);
+    const float *fk = prep + PREP_HEADER, *ck = fk + stride, *cq = ck + stride;
+    const float *u_s = reinterpret_cast<const float *>(stage + lay.u);
+    const I *k_s = reinterpret_cast<const I *>(stage + lay.kin), *q_s = reinterpret_cast<const I *>(stage + lay.qin);
+    const I *v_s = reinterpret_cast<const I *>(stage + lay.vin);
+    const unsigned char *tile_s = stage + lay.tile;
+    const int h = (int)prep[PREP_COUNT];
+    const bool flush = prep[PREP_FLUSH] != 0.0f;
+    if (head == 0 && tile == 0 && leader) p.ring_count[w] = flush ? 0 : h + 1;
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const I *column = qg == 0 ? k_s : q_s;
+#pragma unroll
+    for (int c32 = 0; c32 < K / 32; c32++) {
+        const int col = c32 * 32 + qt * 8;
+        uint4 b = make_uint4(0u, 0u, 0u, 0u);
+        if (qg < 2) b = *reinterpret_cast<const uint4 *>(column + col);
+        const uint4 a_top = *reinterpret_cast<const uint4 *>(tile_s + rowA * PITCH + col * 2);
+        const uint4 a_bottom = *reinterpret_cast<const uint4 *>(tile_s + rowB * PITCH + col * 2);
+        mma_bf16_m16n8k16(acc, a_top.x, a_bottom.x, a_top.y, a_bottom.y, b.x, b.y);
+        mma_bf16_m16n8k16(acc, a_top.z, a_bottom.z, a_top.w, a_bottom.w, b.z, b.w);
+    }
+    const float c0k = prep[PREP_C0K], c0q = prep[PREP_C0Q];
+    float ka = c0k * acc[0], qa = c0q * acc[1], kb = c0k * acc[2], qb = c0q * acc[3];
+    for (int j = qt; j < h; j += 4) {
+        const float ckj = ck[j], cqj = cq[j], ua = u_s[j * US + rowA], ub = u_s[j * US + rowB];
+        ka = fmaf(ckj, ua, ka), qa = fmaf(cqj, ua, qa), kb = fmaf(ckj, ub, kb), qb = fmaf(cqj, ub, qb);
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        ka += __shfl_xor_sync(0xffffffffu, ka, off), qa += __shfl_xor_sync(0xffffffffu, qa, off);
+        kb += __shfl_xor_sync(0xffffffffu, kb, off), qb += __shfl_xor_sync(0xffffffffu, qb, off);
+    }
+
+    const float g = prep[PREP_DECAY], beta = prep[PREP_BETA], kq = prep[PREP_KQ];
+    const float u_top = beta * (gdn__to_f32(v_s[rowA]) - g * ka), u_bottom = beta * (gdn__to_f32(v_s[rowB]) - g * kb);
+    if (qt < 2) {
+        const int row = tile * R + (qt == 0 ? rowA : rowB);
+        const float u = qt == 0 ? u_top : u_bottom;
+        out[out_base + row] = gdn__from_f32<O>(fmaf(kq, u, qt == 0 ? qa : qb));
+        if (!flush) {
+            const int64_t record_bytes = gdn__ring_record_bytes(p.HK, p.HV, K, V), u_offset = gdn__ring_u_offset(p.HK, p.HV, K);
+            float *u_record = reinterpret_cast<float *>(static_cast<char *>(p.ring) + (w * C + h) * record_bytes + u_offset);
+            u_record[(int64_t)head * V + row] = u;
+        }
+    }
+    if (!flush) return;
+
+    /* Write-back: S_{h+1} = exp(P_h) S0 + sum_{m <= h} fk[m] u_m raw_k_m (entry h the token's own), over
+     * the lane's 8 columns of each 32 in both rows, 64 columns at a time (no spills). */
+    constexpr int CHUNK = K < 64 ? K / 32 : 2; /* 32-column groups a pass */
+    const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
+    const float decay = prep[PREP_DECAY_ALL];
+    S *to = static_cast<S *>(p.state) + w * p.slot_stride + ((int64_t)head * V + tile * R) * K;
+#pragma unroll 1
+    for (int c0 = 0; c0 < K / 32; c0 += CHUNK) {
+        float xa[CHUNK][8], xb[CHUNK][8];
+#pragma unroll
+        for (int c = 0; c < CHUNK; c++) {
+            const int col = (c0 + c) * 32 + qt * 8;
+            gdn__load_vec<S, 8>(reinterpret_cast<const S *>(tile_s + rowA * PITCH) + col, xa[c]);
+            gdn__load_vec<S, 8>(reinterpret_cast<const S *>(tile_s + rowB * PITCH) + col, xb[c]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) xa[c][e] *= decay, xb[c][e] *= decay;
+        }
+        for (int m = 0; m <= h; m++) {
+            const float ca = fk[m] * (m < h ? u_s[m * US + rowA] : u_top), cb = fk[m] * (m < h ? u_s[m * US + rowB] : u_bottom);
+            const I *km = m < h ? krec_s + m * K : k_s;
+#pragma unroll
+            for (int c = 0; c < CHUNK; c++) {
+                float kv[8];
+                gdn__load_vec<I, 8>(km + (c0 + c) * 32 + qt * 8, kv);
+#pragma unroll
+                for (int e = 0; e < 8; e++) xa[c][e] = fmaf(ca, kv[e], xa[c][e]), xb[c][e] = fmaf(cb, kv[e], xb[c][e]);
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < CHUNK; c++) {
+            const int col = (c0 + c) * 32 + qt * 8;
+            gdn__store_vec<S, 8>(to + (int64_t)rowA * K + col, xa[c]);
+            gdn__store_vec<S, 8>(to + (int64_t)rowB * K + col, xb[c]);
+        }
+    }
+}
+
+template <int K, typename S, typename I, typename O, bool MMA>
 __global__ void __launch_bounds__(STREAM_THREADS, STREAM_CTAS_PER_SM) ring_decode_stream_kernel(const gdn__layer_params p, int stages)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    using Lay = stream_layout<K, S>;
+    using Lay = stream_layout<K, S, MMA>;
+    static_assert(!MMA || (std::is_same<S, __nv_bfloat16>::value && std::is_same<I, __nv_bfloat16>::value), "bf16 MMA");
     using Geo = typename Lay::Geo;
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT, R = Lay::R;
     constexpr uint32_t TILE_BYTES = R * K * sizeof(S), U_BYTES = R * 4, K_BYTES = K * 2;
@@ -471,7 +600,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, STREAM_CTAS_PER_SM) ring_decod
     const int prep_floats = gdn__ring_prep_floats(C);
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; s++) barrier_init(&full[s], 33), barrier_init(&empty[s], STREAM_CONSUMER_WARPS);
+        for (int s = 0; s < stages; s++) barrier_init(&full[s], 33), barrier_init(&empty[s], Lay::GROUP_WARPS);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -562,19 +691,25 @@ __global__ void __launch_bounds__(STREAM_THREADS, STREAM_CTAS_PER_SM) ring_decod
     /* Consumers. */
     if (p.overlap_preceding) gdn__wait_preceding();
     gdn__allow_dependents();
+    constexpr int GROUPS = stream_groups<MMA>();
+    const int cgroup = warp / Lay::GROUP_WARPS, gwarp = warp % Lay::GROUP_WARPS; /* items cgroup, cgroup + GROUPS, ... */
     const int group = lane / L, glane = lane % L;
-    const int lrow0 = warp * Geo::ROWS_PER_WARP + group; /* the thread's rows in a tile: lrow0 + rt * G */
+    const int lrow0 = gwarp * Geo::ROWS_PER_WARP + group; /* the thread's rows in a tile: lrow0 + rt * G */
     const int stride = gdn__ring_prep_stride(C);
     O *out = static_cast<O *>(p.out);
-    item_walk at(blockIdx.x, gridDim.x, HV, tiles);
-    for (int it = 0, s = 0, use = 0; it < my_items; it++, at.next(HV, tiles), s = s + 1 == stages ? (use++, 0) : s + 1) {
+    item_walk at((int)blockIdx.x + cgroup * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles);
+    /* stages is a multiple of GROUPS (launch_stream_as), so stage s serves one group only */
+    for (int it = cgroup, s = cgroup, use = 0; it < my_items;
+         it += GROUPS, at.next(HV, tiles), s += GROUPS, use += s >= stages, s -= s >= stages ? stages : 0) {
         const unsigned char *stage = smem + s * lay.bytes;
         const int i = at.i, head = at.head, tile = at.tile, row0 = tile * R + lrow0;
         barrier_wait(&full[s], (unsigned)use & 1);
         const int *header = reinterpret_cast<const int *>(stage);
         const int kind = header[ITEM_KIND];
         const int64_t out_base = gdn__at(p.out_strides, i, 0, head);
-        if (kind != 2) {
+        if constexpr (MMA) {
+            consume_mma<K, I, O, Lay>(p, stage, lay, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
+        } else if (kind != 2) {
             if (kind == 1 && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
             if (glane == 0)
 #pragma unroll
@@ -640,10 +775,10 @@ __global__ void __launch_bounds__(STREAM_THREADS, STREAM_CTAS_PER_SM) ring_decod
 /* The streamed state pass's launch: STREAM_CTAS_PER_SM CTAs an SM, as many stages as the shared
  * memory of each holds, up to STREAM_MAX_STAGES; GDN_ENOTSUP when fewer than two fit or the tile does
  * not divide V (the register state pass runs then). */
-template <int K, typename S, typename I, typename O>
-static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream)
+template <int K, typename S, typename I, typename O, bool MMA>
+static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stream)
 {
-    using Lay = stream_layout<K, S>;
+    using Lay = stream_layout<K, S, MMA>;
     if (p->V % Lay::R != 0) return GDN_ENOTSUP;
     const Lay lay(p->ring_capacity);
     int device = 0, sms = 0, per_sm_bytes = 0, per_block_bytes = 0;
@@ -655,16 +790,42 @@ static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream)
     if (budget > per_block_bytes) budget = per_block_bytes;
     int64_t stages = budget / lay.bytes;
     if (stages > STREAM_MAX_STAGES) stages = STREAM_MAX_STAGES;
+    /* Each consumer group keeps to its own stages: a stage's phases must not be waited on by a group
+     * that could run a whole phase ahead of the other group's use of it (parity waits). */
+    stages -= stages % stream_groups<MMA>();
     if (stages < 2) return GDN_ENOTSUP;
     const int64_t items = (int64_t)p->B * p->HV * (p->V / Lay::R);
     int64_t ctas = (int64_t)sms * STREAM_CTAS_PER_SM;
     if (ctas > items) ctas = items;
     const int smem = (int)(stages * lay.bytes);
     static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
-    GDN__CUDA_TRY(gdn__opt_in_shared(ring_decode_stream_kernel<K, S, I, O>, (int)budget, opted_in));
-    GDN__CUDA_TRY(gdn__launch(ring_decode_stream_kernel<K, S, I, O>, dim3((unsigned)ctas), dim3(STREAM_THREADS), smem, stream,
+    GDN__CUDA_TRY(gdn__opt_in_shared(ring_decode_stream_kernel<K, S, I, O, MMA>, (int)budget, opted_in));
+    GDN__CUDA_TRY(gdn__launch(ring_decode_stream_kernel<K, S, I, O, MMA>, dim3((unsigned)ctas), dim3(STREAM_THREADS), smem, stream,
                               p->overlap_preceding != 0, *p, (int)stages));
     return GDN_OK;
+}
+
+/* Whether bf16 state with bf16 inputs takes the tensor-core form (GDN_RING_STREAM_MMA=0: never, for
+ * A/B runs). */
+static bool stream_mma_enabled()
+{
+    static const bool on = [] {
+        const char *e = getenv("GDN_RING_STREAM_MMA");
+        return !(e && e[0] == '0');
+    }();
+    return on;
+}
+
+template <int K, typename S, typename I, typename O>
+static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream)
+{
+    if constexpr (std::is_same<S, __nv_bfloat16>::value && std::is_same<I, __nv_bfloat16>::value) {
+        if (stream_mma_enabled()) {
+            const gdn_status st = launch_stream_as<K, S, I, O, true>(p, stream);
+            if (st != GDN_ENOTSUP) return st;
+        }
+    }
+    return launch_stream_as<K, S, I, O, false>(p, stream);
 }
 
 /* The (row, value head) pairs for which a decode streams its state (the streamed pass): from 1024
