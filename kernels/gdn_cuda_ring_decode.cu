@@ -344,7 +344,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6)) ring_decode_state_k
  * need sm_90; it runs for 2-byte state on large grids (stream_state_pass_applies). */
 
 #define STREAM_CONSUMER_WARPS 8
-#define STREAM_THREADS ((STREAM_CONSUMER_WARPS + 1) * 32)
+/* A producer warp for each consumer group (stream_groups) */
+#define STREAM_THREADS(GROUPS) ((STREAM_CONSUMER_WARPS + (GROUPS)) * 32)
 #define STREAM_CTAS_PER_SM 2
 #define STREAM_MAX_STAGES 8
 #define STREAM_HEADER_BYTES 32
@@ -578,7 +579,8 @@ __device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const un
 }
 
 template <int K, typename S, typename I, typename O, bool MMA>
-__global__ void __launch_bounds__(STREAM_THREADS, STREAM_CTAS_PER_SM) ring_decode_stream_kernel(const gdn__layer_params p, int stages)
+__global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_CTAS_PER_SM)
+    ring_decode_stream_kernel(const gdn__layer_params p, int stages)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using Lay = stream_layout<K, S, MMA>;
@@ -605,26 +607,31 @@ __global__ void __launch_bounds__(STREAM_THREADS, STREAM_CTAS_PER_SM) ring_decod
     }
     __syncthreads();
 
-    if (warp == STREAM_CONSUMER_WARPS) {
-        /* Producer. Lane j holds the slots (and, after the wait, the record count and write-back flag)
-         * of item it0 + j of this CTA's sequence; items are shared round-robin over the grid. */
+    constexpr int GROUPS = stream_groups<MMA>();
+    if (warp >= STREAM_CONSUMER_WARPS) {
+        /* Producer of consumer group pg: the CTA's items it = pg, pg + GROUPS, ... (its k-th item is
+         * it = pg + GROUPS k) into that group's stages. Lane j holds the slots (and, after the wait,
+         * the record count and write-back flag) of its item k0 + j; items are shared round-robin over
+         * the grid. */
+        const int pg = warp - STREAM_CONSUMER_WARPS;
+        const int my_count = my_items > pg ? (my_items - pg + GROUPS - 1) / GROUPS : 0;
         int batch_r = -1, batch_w = -1, batch_h = 0, batch_flush = 0, batch_kind = 0;
-        const auto load_slots = [&](int it0) {
-            const int it = it0 + lane;
+        const auto item_of = [&](int k) { return (int)blockIdx.x + (pg + GROUPS * k) * (int)gridDim.x; };
+        const auto load_slots = [&](int k0) {
+            const int k = k0 + lane;
             batch_kind = 0, batch_r = -1, batch_w = -1;
-            if (it < my_items) {
-                const int i = ((int)blockIdx.x + it * (int)gridDim.x) / row_items;
+            if (k < my_count) {
+                const int i = item_of(k) / row_items;
                 batch_r = p.read_slots[i];
                 batch_w = p.write_slots ? p.write_slots[i] : batch_r;
                 batch_kind = batch_r < 0 ? 0 : gdn__row_slots_invalid(batch_r, batch_w, p.num_slots) ? 1 : 2;
             }
         };
-        const auto load_counts = [&](int it0) {
-            const int it = it0 + lane;
+        const auto load_counts = [&](int k0) {
+            const int k = k0 + lane;
             batch_h = 0, batch_flush = 0;
-            if (it < my_items && batch_kind == 2) {
-                const int item = (int)blockIdx.x + it * (int)gridDim.x;
-                const float *prep = p.ring_prep + (int64_t)(item / tiles) * prep_floats; /* (row, head) = item / tiles */
+            if (k < my_count && batch_kind == 2) {
+                const float *prep = p.ring_prep + (int64_t)(item_of(k) / tiles) * prep_floats; /* (row, head) = item / tiles */
                 batch_h = min(max((int)prep[PREP_COUNT], 0), C);
                 batch_flush = prep[PREP_FLUSH] != 0.0f;
             }
@@ -637,18 +644,21 @@ __global__ void __launch_bounds__(STREAM_THREADS, STREAM_CTAS_PER_SM) ring_decod
         };
 
         load_slots(0);
-        const int first = my_items < stages ? my_items : stages;
-        item_walk at(blockIdx.x, gridDim.x, HV, tiles);
-        for (int it = 0; it < first; it++, at.next(HV, tiles)) {
-            const int r = __shfl_sync(0xffffffffu, batch_r, it);
-            if (__shfl_sync(0xffffffffu, batch_kind, it) == 2) copy_state(at.head, at.tile, r, smem + it * lay.bytes, &full[it]);
+        const int per_group = stages / GROUPS; /* the group's stages: pg, pg + GROUPS, ... */
+        const int first = my_count < per_group ? my_count : per_group;
+        item_walk at((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles);
+        for (int k = 0; k < first; k++, at.next(HV, tiles)) {
+            const int r = __shfl_sync(0xffffffffu, batch_r, k);
+            const int st = pg + GROUPS * k;
+            if (__shfl_sync(0xffffffffu, batch_kind, k) == 2) copy_state(at.head, at.tile, r, smem + st * lay.bytes, &full[st]);
         }
-        at = item_walk(blockIdx.x, gridDim.x, HV, tiles);
+        at = item_walk((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles);
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
         load_counts(0);
 
-        for (int it = 0, s = 0, use = 0; it < my_items; it++, at.next(HV, tiles), s = s + 1 == stages ? (use++, 0) : s + 1) {
+        for (int it = 0, s = pg, use = 0; it < my_count;
+             it++, at.next(HV, tiles), s += GROUPS, use += s >= stages, s -= s >= stages ? stages : 0) {
             const int j = it % 32;
             if (j == 0 && it > 0) load_slots(it), load_counts(it);
             unsigned char *stage = smem + s * lay.bytes;
@@ -691,7 +701,6 @@ __global__ void __launch_bounds__(STREAM_THREADS, STREAM_CTAS_PER_SM) ring_decod
     /* Consumers. */
     if (p.overlap_preceding) gdn__wait_preceding();
     gdn__allow_dependents();
-    constexpr int GROUPS = stream_groups<MMA>();
     const int cgroup = warp / Lay::GROUP_WARPS, gwarp = warp % Lay::GROUP_WARPS; /* items cgroup, cgroup + GROUPS, ... */
     const int group = lane / L, glane = lane % L;
     const int lrow0 = gwarp * Geo::ROWS_PER_WARP + group; /* the thread's rows in a tile: lrow0 + rt * G */
@@ -800,7 +809,7 @@ static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stre
     const int smem = (int)(stages * lay.bytes);
     static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
     GDN__CUDA_TRY(gdn__opt_in_shared(ring_decode_stream_kernel<K, S, I, O, MMA>, (int)budget, opted_in));
-    GDN__CUDA_TRY(gdn__launch(ring_decode_stream_kernel<K, S, I, O, MMA>, dim3((unsigned)ctas), dim3(STREAM_THREADS), smem, stream,
+    GDN__CUDA_TRY(gdn__launch(ring_decode_stream_kernel<K, S, I, O, MMA>, dim3((unsigned)ctas), dim3(STREAM_THREADS(stream_groups<MMA>())), smem, stream,
                               p->overlap_preceding != 0, *p, (int)stages));
     return GDN_OK;
 }
