@@ -837,9 +837,14 @@ static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream)
     return launch_stream_as<K, S, I, O, false>(p, stream);
 }
 
-/* The (row, value head) pairs for which a decode streams its state (the streamed pass): from 1024
- * with 2-byte state, 512..2048 with fp32 state; elsewhere the register pass (or, on large fp32 grids,
- * the one-kernel step) measured faster (bench/results/2026-11-25-h100-ring-stream.md). */
+/* The (row, value head) pairs for which a decode streams its state (the streamed pass): from 128
+ * with bf16 state and bf16 inputs (the tensor-core form), from 1024 with other 2-byte cases,
+ * 512..2048 with fp32 state; elsewhere the register pass (or, on large fp32 grids, the one-kernel
+ * step) measured faster (bench/results/2026-11-25-h100-ring-stream.md,
+ * bench/results/2026-11-25-h100-ring-stream-mma.md). */
+#ifndef GDN__RING_STREAM_MIN_HEADS_MMA
+#define GDN__RING_STREAM_MIN_HEADS_MMA 128
+#endif
 #ifndef GDN__RING_STREAM_MIN_HEADS_BF16
 #define GDN__RING_STREAM_MIN_HEADS_BF16 1024
 #endif
@@ -868,8 +873,10 @@ static bool stream_state_pass_applies(const gdn__layer_params *p)
     const int mode = stream_state_pass_override();
     if (mode != 0) return mode > 0;
     const int64_t pairs = (int64_t)p->B * p->HV;
-    return p->state_dtype == GDN_DTYPE_F32 ? pairs >= GDN__RING_STREAM_MIN_HEADS_F32 && pairs <= GDN__RING_STREAM_MAX_HEADS_F32
-                                           : pairs >= GDN__RING_STREAM_MIN_HEADS_BF16;
+    if (p->state_dtype == GDN_DTYPE_F32) return pairs >= GDN__RING_STREAM_MIN_HEADS_F32 && pairs <= GDN__RING_STREAM_MAX_HEADS_F32;
+    const bool mma = p->state_dtype == GDN_DTYPE_BF16 && p->input_dtype == GDN_DTYPE_BF16 && stream_mma_enabled() &&
+                     p->V % stream_layout<128, __nv_bfloat16, true>::R == 0;
+    return pairs >= (mma ? GDN__RING_STREAM_MIN_HEADS_MMA : GDN__RING_STREAM_MIN_HEADS_BF16);
 }
 
 template <int K, typename S, typename I, typename O, int REGS>
