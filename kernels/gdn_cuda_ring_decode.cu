@@ -13,7 +13,7 @@
  *      (lane j mod L takes record j's u) in one lane-group sum. A row that writes back (ring full,
  *      or write slot != read slot) writes S_{h+1} in the same pass. It moves the count.
  *   2'. or, on mid-size and large grids with sm_90 code, ring_decode_stream_kernel: the same math,
- *      with the state tiles streamed into shared memory by a producer warp (section 2').
+ *      with the state tiles streamed into shared memory by producer warps (section 2').
  * Kernel 2 launches while kernel 1 runs (programmatic dependent launch, when the layer's launch asks
  * for overlap) and waits for it only after its state loads are issued.
  */
@@ -338,10 +338,11 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6)) ring_decode_state_k
  * rows); a producer warp copies each item's state tile, preparation block, records' u (and, for a
  * write-back, records' k), and the token's k, q and v into a ring of shared-memory stages with the
  * bulk-copy engine, up to `stages` items ahead, and eight consumer warps do the math from shared
- * memory. So the state bytes in flight do not end when a CTA's loads do, and the stores and the
- * records' latency run while the next items stream in. The state copies of the first stages are
- * issued before the wait for the preparation kernel. Bulk copies and mbarrier transaction counts
- * need sm_90; it runs for 2-byte state on large grids (stream_state_pass_applies). */
+ * memory (with bf16 state and inputs: on the tensor cores, in two groups of four on alternate items,
+ * a producer warp each; see stream_layout). So the state bytes in flight do not end when a CTA's
+ * loads do, and the stores and the records' latency run while the next items stream in. The state
+ * copies of the first stages are issued before the wait for the preparation kernel. Bulk copies and
+ * mbarrier transaction counts need sm_90; it runs on the grids stream_state_pass_applies names. */
 
 #define STREAM_CONSUMER_WARPS 8
 /* A producer warp for each consumer group (stream_groups) */
