@@ -826,11 +826,19 @@ static bool stream_mma_enabled()
     return on;
 }
 
+/* Whether p's streamed pass takes the tensor-core form: bf16 state and inputs, the form's items divide
+ * V, and it is not turned off (one rule for the launch and for the grid rule below). */
+static bool stream_mma_applies(const gdn__layer_params *p)
+{
+    return p->state_dtype == GDN_DTYPE_BF16 && p->input_dtype == GDN_DTYPE_BF16 && stream_mma_enabled() &&
+           p->V % stream_layout<128, __nv_bfloat16, true>::R == 0; /* R does not depend on K */
+}
+
 template <int K, typename S, typename I, typename O>
 static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream)
 {
     if constexpr (std::is_same<S, __nv_bfloat16>::value && std::is_same<I, __nv_bfloat16>::value) {
-        if (stream_mma_enabled()) {
+        if (stream_mma_applies(p)) {
             const gdn_status st = launch_stream_as<K, S, I, O, true>(p, stream);
             if (st != GDN_ENOTSUP) return st;
         }
@@ -875,9 +883,7 @@ static bool stream_state_pass_applies(const gdn__layer_params *p)
     if (mode != 0) return mode > 0;
     const int64_t pairs = (int64_t)p->B * p->HV;
     if (p->state_dtype == GDN_DTYPE_F32) return pairs >= GDN__RING_STREAM_MIN_HEADS_F32 && pairs <= GDN__RING_STREAM_MAX_HEADS_F32;
-    const bool mma = p->state_dtype == GDN_DTYPE_BF16 && p->input_dtype == GDN_DTYPE_BF16 && stream_mma_enabled() &&
-                     p->V % stream_layout<128, __nv_bfloat16, true>::R == 0;
-    return pairs >= (mma ? GDN__RING_STREAM_MIN_HEADS_MMA : GDN__RING_STREAM_MIN_HEADS_BF16);
+    return pairs >= (stream_mma_applies(p) ? GDN__RING_STREAM_MIN_HEADS_MMA : GDN__RING_STREAM_MIN_HEADS_BF16);
 }
 
 template <int K, typename S, typename I, typename O, int REGS>
