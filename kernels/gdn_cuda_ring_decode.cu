@@ -178,6 +178,155 @@ template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) rin
     }
 }
 
+/* 1'. The verify's preparation (a chain of T = 2..TM tokens, TM 4 or GDN__RING_VERIFY_MAX_TOKENS): a CTA per (row,
+ * value head) writes gdn__ring_verify_prep_floats: the header (VPREP_*), the write-back's fk[m] =
+ * exp(P_{h-1} - P_m) times the scale of raw k_m (m < h: a row that does not fit, or forks, writes
+ * S_h back before its tokens become records base = 0..), then per token t a block of
+ *   [0] exp(P_{h+t-1}) rk_t (1 for the first entry of an empty ring), the coefficient of S0.k_t (raw),
+ *   [1] exp(P_{h+t}) rq_t, the coefficient of S0.q_t, [2] g_t, [3] beta_t,
+ *   ck[j], cq[j] (j < h): exp(P_{h+t-1} - P_j) k^_j.k^_t, exp(P_{h+t} - P_j) k^_j.q^_t,
+ *   ckown[t2] (t2 < t), cqown[t2] (t2 <= t): the same for the own tokens' u.
+ * It appends the tokens' a (and, once per key head, their k) as records base.., except the k that
+ * overwrite records the state pass still reads (a write-back in place): the state pass's last item of
+ * the row writes those. It is the only reader of the count. */
+enum { VPREP_COUNT = PREP_COUNT, VPREP_FLUSH = PREP_FLUSH, VPREP_DECAY_ALL = 2, VPREP_BASE = 3 };
+
+template <int K, typename I, int TM> __global__ void __launch_bounds__(PREP_THREADS) ring_verify_prep_kernel(const gdn__layer_params p)
+{
+    constexpr int E_MAX = GDN_MAX_RING_LENGTH + TM;
+    __shared__ float raw[2 * TM][K];                       /* the tokens' raw k (0..T-1) and q (TM..TM+T-1) */
+    __shared__ float logd[E_MAX];                          /* log decays, then their cumulative sums P */
+    __shared__ float rec_norm[GDN_MAX_RING_LENGTH];        /* scale of raw k_j */
+    __shared__ float rec_dot[GDN_MAX_RING_LENGTH][2 * TM]; /* raw k_j . raw k_t, raw k_j . raw q_t */
+    __shared__ float own_dot[TM][2 * TM];                  /* [t][t2]: raw k_t2 . raw k_t; [t][TM + t2]: . raw q_t */
+    __shared__ float tok[TM][4];                           /* rk_t, rq_t, beta_t, the log decay l_t */
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int vh = blockIdx.x;
+    const int64_t i = blockIdx.y;
+    const int64_t r = p.read_slots[i];
+    const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
+    if (p.overlap_preceding) gdn__wait_preceding();
+    gdn__allow_dependents();
+    if (r < 0 || gdn__row_slots_invalid(r, w, p.num_slots)) return; /* padding: kernel 2 reads nothing */
+
+    const int HV = p.HV, HK = p.HK, C = p.ring_capacity, T = p.T, per_key = HV / HK, kh = vh / per_key;
+    const int stride = gdn__ring_prep_stride(C), TB = gdn__ring_verify_token_floats(C, TM);
+    float *out = p.ring_prep + (i * HV + vh) * gdn__ring_verify_prep_floats(C, TM);
+    const int h = min(max(p.ring_count[r], 0), C);
+    const bool flush = r != w || h + T > C;
+    const int base = flush ? 0 : h;
+    const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, p.V), a_offset = gdn__ring_a_offset(HK, K);
+    const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
+    char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
+    const float A = expf(p.A_log[vh]), dt_bias = p.dt_bias[vh];
+
+    for (int e = threadIdx.x; e < 2 * T * K; e += blockDim.x) {
+        const int m = e / K, c = e % K, t = m % T;
+        const I *from = m < T ? static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh)
+                              : static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh);
+        raw[m < T ? t : TM + t][c] = gdn__to_f32(from[c]);
+    }
+    if ((int)threadIdx.x < h)
+        logd[threadIdx.x] = token_log_decay(gdn__to_f32(reinterpret_cast<const I *>(ring_r + threadIdx.x * record_bytes + a_offset)[vh]),
+                                            A, dt_bias);
+    if ((int)threadIdx.x < T) {
+        const int t = threadIdx.x;
+        logd[h + t] = tok[t][3] = token_log_decay(gdn__to_f32(static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, vh)]), A, dt_bias);
+        tok[t][2] = 1.0f / (1.0f + expf(-gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, vh)])));
+    }
+    __syncthreads();
+
+    /* Norms of the tokens' k and q, the own tokens' dot products, the records' (a warp each). */
+    for (int m = warp; m < 2 * T; m += warps) {
+        const int row = m < T ? m : TM + m - T;
+        const float ss = warp_dot<K>(raw[row], raw[row], lane);
+        if (lane == 0) {
+            const float norm = p.use_qk_l2norm ? rsqrtf(ss + 1e-6f) : 1.0f;
+            if (m < T) tok[m][0] = norm;
+            else tok[m - T][1] = p.scale * norm;
+        }
+    }
+    for (int pair = warp; pair < T * T; pair += warps) {
+        const int t = pair / T, t2 = pair % T;
+        if (t2 > t) continue;
+        const float dk = t2 < t ? warp_dot<K>(raw[t2], raw[t], lane) : 0.0f;
+        const float dq = warp_dot<K>(raw[t2], raw[TM + t], lane);
+        if (lane == 0) own_dot[t][t2] = dk, own_dot[t][TM + t2] = dq;
+    }
+    for (int j = warp; j < h; j += warps) {
+        constexpr int KPL = K / 32;
+        float x[KPL], ss = 0.0f;
+        const I *rec = reinterpret_cast<const I *>(ring_r + j * record_bytes) + (int64_t)kh * K;
+#pragma unroll
+        for (int e = 0; e < KPL; e++) x[e] = gdn__to_f32(rec[lane + 32 * e]), ss = fmaf(x[e], x[e], ss);
+        ss = group_sum<32>(ss);
+        if (lane == 0) rec_norm[j] = p.use_qk_l2norm ? rsqrtf(ss + 1e-6f) : 1.0f;
+        for (int m = 0; m < 2 * T; m++) {
+            const int row = m < T ? m : TM + m - T;
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < KPL; e++) d = fmaf(x[e], raw[row][lane + 32 * e], d);
+            d = group_sum<32>(d);
+            if (lane == 0) rec_dot[j][m] = d;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float P = 0.0f;
+        for (int m = 0; m < h + T; m++) P += logd[m], logd[m] = P;
+    }
+    __syncthreads();
+
+    /* Coefficients. */
+    const float before_all = h > 0 ? logd[h - 1] : 0.0f;
+    if (threadIdx.x == 0) {
+        out[VPREP_COUNT] = (float)h;
+        out[VPREP_FLUSH] = flush ? 1.0f : 0.0f;
+        out[VPREP_DECAY_ALL] = expf(before_all);
+        out[VPREP_BASE] = (float)base;
+    }
+    for (int m = threadIdx.x; m < h; m += blockDim.x) out[16 + m] = expf(before_all - logd[m]) * rec_norm[m];
+    for (int e = threadIdx.x; e < T * (4 + GDN_MAX_RING_LENGTH + TM); e += blockDim.x) {
+        const int t = e / (4 + GDN_MAX_RING_LENGTH + TM), k = e % (4 + GDN_MAX_RING_LENGTH + TM);
+        float *blk = out + 16 + stride + t * TB;
+        const float before = t > 0 ? logd[h + t - 1] : before_all, after = logd[h + t];
+        const float rk = tok[t][0], rq = tok[t][1];
+        if (k < 4) {
+            blk[k] = k == 0 ? (h + t > 0 ? expf(before) : 1.0f) * rk : k == 1 ? expf(after) * rq
+                   : k == 2 ? expf(tok[t][3]) : tok[t][2];
+        } else if (k < 4 + GDN_MAX_RING_LENGTH) {
+            const int j = k - 4;
+            if (j < h) {
+                blk[4 + j] = expf(before - logd[j]) * rec_norm[j] * rk * rec_dot[j][t];
+                blk[4 + stride + j] = expf(after - logd[j]) * rec_norm[j] * rq * rec_dot[j][T + t];
+            }
+        } else {
+            const int t2 = k - 4 - GDN_MAX_RING_LENGTH;
+            if (t2 <= t && t2 < T) {
+                const float rk2 = tok[t2][0];
+                blk[4 + 2 * stride + t2] = t2 < t ? expf(before - logd[h + t2]) * rk2 * rk * own_dot[t][t2] : 0.0f;
+                blk[4 + 2 * stride + TM + t2] = expf(after - logd[h + t2]) * rk2 * rq * own_dot[t][TM + t2];
+            }
+        }
+    }
+    __syncthreads(); /* the records' a are read (logd) before they are overwritten */
+
+    /* The tokens' a (this value head) and k (once per key head) as records base..base+T-1. */
+    if ((int)threadIdx.x < T)
+        reinterpret_cast<I *>(ring_w + (base + threadIdx.x) * record_bytes + a_offset)[vh] =
+            static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, threadIdx.x, vh)];
+    const bool k_overwrites_read_records = r == w && base < h;
+    if (!k_overwrites_read_records && vh % per_key == 0) {
+        constexpr int PIECES = K * 2 / 16;
+        for (int c = threadIdx.x; c < T * PIECES; c += blockDim.x) {
+            const int t = c / PIECES, piece = c % PIECES;
+            reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes + (int64_t)kh * K * 2)[piece] =
+                reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh))[piece];
+        }
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* 2. State pass                                                                                    */
 /* ---------------------------------------------------------------------------------------------- */
@@ -360,22 +509,29 @@ template <int K, typename S> constexpr int stream_regs() { return K >= 128 ? 32 
  * of an item; the consumer warps form two groups that take alternate items (R = 64 rows an item, so
  * that as many stages fit as in the register form). */
 template <bool MMA> constexpr int stream_groups() { return MMA ? 2 : 1; }
-template <int K, typename S, bool MMA> struct stream_layout {
+/* TOK: 1 for a decode; for the verify, the chain's most tokens (4 or GDN__RING_VERIFY_MAX_TOKENS: room
+ * for that many tokens' k, q, v and coefficients; the smaller stage lets as many stages fit as a decode's). */
+template <int TOK> inline __host__ __device__ int32_t stream_prep_floats(int C)
+{
+    return TOK > 1 ? gdn__ring_verify_prep_floats(C, TOK) : gdn__ring_prep_floats(C);
+}
+template <int K, typename S, bool MMA, int TOK = 1> struct stream_layout {
     using Geo = layer_geometry<K, S, stream_regs<K, S>(), true>;
     static constexpr int GROUP_WARPS = STREAM_CONSUMER_WARPS / stream_groups<MMA>(); /* consumer warps an item */
     static constexpr int R = MMA ? GROUP_WARPS * 16 : GROUP_WARPS * Geo::ROWS_PER_WARP; /* state rows an item */
     static constexpr int U_STRIDE = MMA ? R + 8 : R + 4; /* floats between records' u rows (bank spread) */
+    static constexpr int TOKENS = TOK;
     int64_t tile, prep, u, krec, kin, qin, vin, bytes;
     __host__ __device__ stream_layout(int C)
     {
         tile = STREAM_HEADER_BYTES;
         prep = tile + (int64_t)R * K * sizeof(S);
-        u = prep + (int64_t)gdn__ring_prep_floats(C) * 4;
+        u = prep + (int64_t)stream_prep_floats<TOK>(C) * 4;
         krec = u + (int64_t)C * U_STRIDE * 4;
         kin = krec + (int64_t)C * K * 2;
-        qin = kin + K * 2;
-        vin = qin + K * 2;
-        bytes = vin + (R * 2 + 15) / 16 * 16;
+        qin = kin + TOK * K * 2;
+        vin = qin + TOK * K * 2;
+        bytes = vin + (TOK * R * 2 + 15) / 16 * 16;
     }
 };
 
@@ -579,12 +735,191 @@ __device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const un
     }
 }
 
-template <int K, typename S, typename I, typename O, bool MMA>
+/* The verify's consumer (a chain of T = 2..8 tokens, records base..base+T-1 appended; semantics as the
+ * one-kernel step's verify). The MMA's B columns are k_1 q_1 k_2 q_2 ... (a second n-tile for tokens
+ * 4..7), so lane qt of a quad holds S0.k_t and S0.q_t of both its rows for tokens t = qt and qt + 4.
+ * Each lane adds its tokens' records' terms; then the quad runs the tokens in order, the owner of
+ * token t forming u_t (both rows) and the quad receiving it by shuffles, each lane adding the own
+ * tokens' terms of its tokens. A row that does not fit, or forks, writes S_h back (records only).
+ * The tokens' k that overwrite records still read by the row's other items are written by the row's
+ * last item to finish. */
+template <int K, typename I, typename O, typename Lay>
+__device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, const unsigned char *stage, const Lay &lay, int kind,
+                                                   int64_t i, int head, int tile, int64_t out_base, int warp, int lane, bool leader)
+{
+    using S = __nv_bfloat16;
+    constexpr int R = Lay::R, PITCH = K * 2, US = Lay::U_STRIDE, TM = Lay::TOKENS, NT = (TM + 3) / 4; /* n-tiles of 4 tokens */
+    const int qg = lane >> 2, qt = lane & 3, quad0 = lane & ~3;
+    const int rowA = warp * 16 + qg, rowB = rowA + 8;
+    const int V = p.V, C = p.ring_capacity, T = p.T, HV = p.HV, HK = p.HK;
+    const int64_t out_tok = p.out_strides.token;
+    O *out = static_cast<O *>(p.out);
+    if (kind != 2) {
+        if (kind == 1 && p.error_flag && leader) *p.error_flag = 1;
+        for (int t = qt; t < T; t += 4) {
+            out[out_base + t * out_tok + tile * R + rowA] = gdn__from_f32<O>(0.0f);
+            out[out_base + t * out_tok + tile * R + rowB] = gdn__from_f32<O>(0.0f);
+        }
+        return;
+    }
+    const int64_t r = reinterpret_cast<const int *>(stage)[ITEM_READ], w = reinterpret_cast<const int *>(stage)[ITEM_WRITE];
+    const int stride = gdn__ring_prep_stride(C), TB = gdn__ring_verify_token_floats(C, TM);
+    const float *prep = reinterpret_cast<const float *>(stage + lay.prep);
+    const float *fk = prep + 16, *blocks = prep + 16 + stride;
+    const float *u_s = reinterpret_cast<const float *>(stage + lay.u);
+    const I *k_s = reinterpret_cast<const I *>(stage + lay.kin), *q_s = reinterpret_cast<const I *>(stage + lay.qin);
+    const I *v_s = reinterpret_cast<const I *>(stage + lay.vin);
+    const unsigned char *tile_s = stage + lay.tile;
+    const int h = (int)prep[VPREP_COUNT], base = (int)prep[VPREP_BASE];
+    const bool flush = prep[VPREP_FLUSH] != 0.0f;
+    if (head == 0 && tile == 0 && leader) p.ring_count[w] = base; /* a verify leaves the count at base; commit moves it */
+
+    /* S0 rows times the tokens' raw k and q: n-tile nt holds tokens 4 nt .. 4 nt + 3. */
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    const int tiles_n = (T + 3) / 4;
+#pragma unroll
+    for (int c32 = 0; c32 < K / 32; c32++) {
+        const int col = c32 * 32 + qt * 8;
+        const uint4 a_top = *reinterpret_cast<const uint4 *>(tile_s + rowA * PITCH + col * 2);
+        const uint4 a_bottom = *reinterpret_cast<const uint4 *>(tile_s + rowB * PITCH + col * 2);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (nt >= tiles_n) break;
+            const int t = nt * 4 + qg / 2; /* B column qg: token t's k (even) or q (odd) */
+            uint4 b = make_uint4(0u, 0u, 0u, 0u);
+            if (t < T) b = *reinterpret_cast<const uint4 *>((qg & 1 ? q_s : k_s) + t * K + col);
+            mma_bf16_m16n8k16(acc[nt], a_top.x, a_bottom.x, a_top.y, a_bottom.y, b.x, b.y);
+            mma_bf16_m16n8k16(acc[nt], a_top.z, a_bottom.z, a_top.w, a_bottom.w, b.z, b.w);
+        }
+    }
+
+    /* The lane's tokens (qt, qt + 4): S0 terms and the records' terms. */
+    float ka[NT], qa[NT], kb[NT], qb[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int t = nt * 4 + qt;
+        ka[nt] = qa[nt] = kb[nt] = qb[nt] = 0.0f;
+        if (t >= T) continue;
+        const float *blk = blocks + t * TB;
+        ka[nt] = blk[0] * acc[nt][0], qa[nt] = blk[1] * acc[nt][1], kb[nt] = blk[0] * acc[nt][2], qb[nt] = blk[1] * acc[nt][3];
+        for (int j = 0; j < h; j++) {
+            const float ckj = blk[4 + j], cqj = blk[4 + stride + j], ua = u_s[j * US + rowA], ub = u_s[j * US + rowB];
+            ka[nt] = fmaf(ckj, ua, ka[nt]), qa[nt] = fmaf(cqj, ua, qa[nt]), kb[nt] = fmaf(ckj, ub, kb[nt]), qb[nt] = fmaf(cqj, ub, qb[nt]);
+        }
+    }
+
+    /* The tokens in order: u_t from its owner lane (quad place t % 4) to the whole quad. */
+    float u_top[TM], u_bottom[TM], own_top[NT], own_bottom[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) own_top[nt] = own_bottom[nt] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < TM; t++) {
+        if (t >= T) break;
+        const int nt = t / 4;
+        const float *blk = blocks + t * TB;
+        float sk_a = ka[nt], sk_b = kb[nt];
+#pragma unroll
+        for (int t2 = 0; t2 < t; t2++) {
+            const float c = blk[4 + 2 * stride + t2];
+            sk_a = fmaf(c, u_top[t2], sk_a), sk_b = fmaf(c, u_bottom[t2], sk_b);
+        }
+        const float g = blk[2], beta = blk[3];
+        const float ua = beta * (gdn__to_f32(v_s[t * R + rowA]) - g * sk_a), ub = beta * (gdn__to_f32(v_s[t * R + rowB]) - g * sk_b);
+        if (qt == t % 4) own_top[nt] = ua, own_bottom[nt] = ub;
+        u_top[t] = __shfl_sync(0xffffffffu, ua, quad0 + t % 4);
+        u_bottom[t] = __shfl_sync(0xffffffffu, ub, quad0 + t % 4);
+    }
+
+    /* Outputs and the tokens' u records (the owner of each token). */
+    const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, V), u_offset = gdn__ring_u_offset(HK, HV, K);
+    char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int t = nt * 4 + qt;
+        if (t >= T) continue;
+        const float *blk = blocks + t * TB;
+        float oa = qa[nt], ob = qb[nt];
+#pragma unroll
+        for (int t2 = 0; t2 < TM; t2++) {
+            if (t2 > t) break;
+            const float c = blk[4 + 2 * stride + TM + t2];
+            oa = fmaf(c, u_top[t2], oa), ob = fmaf(c, u_bottom[t2], ob);
+        }
+        out[out_base + t * out_tok + tile * R + rowA] = gdn__from_f32<O>(oa);
+        out[out_base + t * out_tok + tile * R + rowB] = gdn__from_f32<O>(ob);
+        float *u_record = reinterpret_cast<float *>(ring_w + (base + t) * record_bytes + u_offset) + (int64_t)head * V + tile * R;
+        u_record[rowA] = own_top[nt];
+        u_record[rowB] = own_bottom[nt];
+    }
+
+    if (flush) {
+        /* S_h = exp(P_{h-1}) S0 + sum_{m < h} fk[m] u_m raw_k_m, written to slot w. */
+        constexpr int CHUNK = K < 64 ? K / 32 : 2;
+        const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
+        const float decay = prep[VPREP_DECAY_ALL];
+        S *to = static_cast<S *>(p.state) + w * p.slot_stride + ((int64_t)head * V + tile * R) * K;
+#pragma unroll 1
+        for (int c0 = 0; c0 < K / 32; c0 += CHUNK) {
+            float xa[CHUNK][8], xb[CHUNK][8];
+#pragma unroll
+            for (int c = 0; c < CHUNK; c++) {
+                const int col = (c0 + c) * 32 + qt * 8;
+                gdn__load_vec<S, 8>(reinterpret_cast<const S *>(tile_s + rowA * PITCH) + col, xa[c]);
+                gdn__load_vec<S, 8>(reinterpret_cast<const S *>(tile_s + rowB * PITCH) + col, xb[c]);
+#pragma unroll
+                for (int e = 0; e < 8; e++) xa[c][e] *= decay, xb[c][e] *= decay;
+            }
+            for (int m = 0; m < h; m++) {
+                const float ca = fk[m] * u_s[m * US + rowA], cb = fk[m] * u_s[m * US + rowB];
+#pragma unroll
+                for (int c = 0; c < CHUNK; c++) {
+                    float kv[8];
+                    gdn__load_vec<I, 8>(krec_s + m * K + (c0 + c) * 32 + qt * 8, kv);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) xa[c][e] = fmaf(ca, kv[e], xa[c][e]), xb[c][e] = fmaf(cb, kv[e], xb[c][e]);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < CHUNK; c++) {
+                const int col = (c0 + c) * 32 + qt * 8;
+                gdn__store_vec<S, 8>(to + (int64_t)rowA * K + col, xa[c]);
+                gdn__store_vec<S, 8>(to + (int64_t)rowB * K + col, xb[c]);
+            }
+        }
+    }
+
+    /* A write-back in place over records the row's items read (their k were staged before this item
+     * began): the row's last item writes the tokens' k, for every key head. */
+    if (r == w && base < h) {
+        __shared__ int last_item[STREAM_CONSUMER_WARPS];
+        __syncwarp();
+        if (lane == 0) {
+            const unsigned items_of_row = (unsigned)(HV * (V / R) * Lay::GROUP_WARPS);
+            last_item[threadIdx.x / 32] = atomicAdd(&p.arrivals[i], 1u) + 1u == items_of_row;
+        }
+        __syncwarp();
+        if (last_item[threadIdx.x / 32]) {
+            __threadfence();
+            constexpr int PIECES = K * 2 / 16;
+            for (int c = lane; c < T * HK * PIECES; c += 32) {
+                const int t = c / (HK * PIECES), key_head = c / PIECES % HK, piece = c % PIECES;
+                reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes + (int64_t)key_head * K * 2)[piece] =
+                    reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, key_head))[piece];
+            }
+            if (lane == 0) p.arrivals[i] = 0;
+        }
+    }
+}
+
+template <int K, typename S, typename I, typename O, bool MMA, int TOK>
 __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_CTAS_PER_SM)
     ring_decode_stream_kernel(const gdn__layer_params p, int stages)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    using Lay = stream_layout<K, S, MMA>;
+    using Lay = stream_layout<K, S, MMA, TOK>;
+    static_assert(TOK == 1 || MMA, "the verify runs the tensor-core form only");
     static_assert(!MMA || (std::is_same<S, __nv_bfloat16>::value && std::is_same<I, __nv_bfloat16>::value), "bf16 MMA");
     using Geo = typename Lay::Geo;
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT, R = Lay::R;
@@ -600,7 +935,8 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
     const int my_items = items > (int)blockIdx.x ? (items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, V), u_offset = gdn__ring_u_offset(HK, HV, K);
-    const int prep_floats = gdn__ring_prep_floats(C);
+    const int prep_floats = stream_prep_floats<TOK>(C);
+    const int T = TOK > 1 ? p.T : 1;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < stages; s++) barrier_init(&full[s], 33), barrier_init(&empty[s], Lay::GROUP_WARPS);
@@ -674,20 +1010,26 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             if (kind == 2) {
                 const int i = at.i, head = at.head, tile = at.tile, kh = head / (HV / HK);
                 if (lane == 0)
-                    barrier_expect_bytes(&full[s], (uint32_t)prep_floats * 4 + 2 * K_BYTES + h * U_BYTES + (flush ? h * K_BYTES : 0));
+                    barrier_expect_bytes(&full[s], (uint32_t)prep_floats * 4 + 2 * T * K_BYTES + h * U_BYTES + (flush ? h * K_BYTES : 0));
                 __syncwarp();
                 const char *ring_r = static_cast<const char *>(p.ring) + (int64_t)r * C * record_bytes;
                 if (lane == 0) bulk_copy(stage + lay.prep, p.ring_prep + ((int64_t)i * HV + head) * prep_floats, prep_floats * 4, &full[s]);
-                if (lane == 1) bulk_copy(stage + lay.kin, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, 0, kh), K_BYTES, &full[s]);
-                if (lane == 2) bulk_copy(stage + lay.qin, static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, 0, kh), K_BYTES, &full[s]);
+                if (lane >= 1 && lane <= 2 * T) { /* lanes 1..T: the tokens' k, T+1..2T: their q */
+                    const int t = (lane - 1) % T;
+                    if (lane <= T) bulk_copy(stage + lay.kin + t * K_BYTES, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh), K_BYTES, &full[s]);
+                    else bulk_copy(stage + lay.qin + t * K_BYTES, static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh), K_BYTES, &full[s]);
+                }
                 if (lane < h) {
                     const char *record = ring_r + lane * record_bytes;
                     bulk_copy(stage + lay.u + lane * Lay::U_STRIDE * 4, record + u_offset + ((int64_t)head * V + tile * R) * 4, U_BYTES,
                               &full[s]);
                     if (flush) bulk_copy(stage + lay.krec + lane * K_BYTES, record + kh * K_BYTES, K_BYTES, &full[s]);
                 }
-                const char *v_in = reinterpret_cast<const char *>(static_cast<const I *>(p.v) + gdn__at(p.v_strides, i, 0, head) + tile * R);
-                for (int c = lane; c < R / 2; c += 32) gdn__copy_async4(stage + lay.vin + c * 4, v_in + c * 4);
+                for (int c = lane; c < T * R / 2; c += 32) {
+                    const int t = c / (R / 2);
+                    const char *v_in = reinterpret_cast<const char *>(static_cast<const I *>(p.v) + gdn__at(p.v_strides, i, t, head) + tile * R);
+                    gdn__copy_async4(stage + lay.vin + t * R * 2 + c % (R / 2) * 4, v_in + c % (R / 2) * 4);
+                }
             }
             if (lane == 0) {
                 int *header = reinterpret_cast<int *>(stage);
@@ -718,7 +1060,10 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
         const int kind = header[ITEM_KIND];
         const int64_t out_base = gdn__at(p.out_strides, i, 0, head);
         if constexpr (MMA) {
-            consume_mma<K, I, O, Lay>(p, stage, lay, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
+            if constexpr (TOK > 1)
+                consume_mma_verify<K, I, O, Lay>(p, stage, lay, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
+            else
+                consume_mma<K, I, O, Lay>(p, stage, lay, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
         } else if (kind != 2) {
             if (kind == 1 && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
             if (glane == 0)
@@ -785,10 +1130,10 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
 /* The streamed state pass's launch: STREAM_CTAS_PER_SM CTAs an SM, as many stages as the shared
  * memory of each holds, up to STREAM_MAX_STAGES; GDN_ENOTSUP when fewer than two fit or the tile does
  * not divide V (the register state pass runs then). */
-template <int K, typename S, typename I, typename O, bool MMA>
+template <int K, typename S, typename I, typename O, bool MMA, int TOK = 1>
 static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stream)
 {
-    using Lay = stream_layout<K, S, MMA>;
+    using Lay = stream_layout<K, S, MMA, TOK>;
     if (p->V % Lay::R != 0) return GDN_ENOTSUP;
     const Lay lay(p->ring_capacity);
     int device = 0, sms = 0, per_sm_bytes = 0, per_block_bytes = 0;
@@ -809,8 +1154,8 @@ static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stre
     if (ctas > items) ctas = items;
     const int smem = (int)(stages * lay.bytes);
     static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
-    GDN__CUDA_TRY(gdn__opt_in_shared(ring_decode_stream_kernel<K, S, I, O, MMA>, (int)budget, opted_in));
-    GDN__CUDA_TRY(gdn__launch(ring_decode_stream_kernel<K, S, I, O, MMA>, dim3((unsigned)ctas), dim3(STREAM_THREADS(stream_groups<MMA>())), smem, stream,
+    GDN__CUDA_TRY(gdn__opt_in_shared(ring_decode_stream_kernel<K, S, I, O, MMA, TOK>, (int)budget, opted_in));
+    GDN__CUDA_TRY(gdn__launch(ring_decode_stream_kernel<K, S, I, O, MMA, TOK>, dim3((unsigned)ctas), dim3(STREAM_THREADS(stream_groups<MMA>())), smem, stream,
                               p->overlap_preceding != 0, *p, (int)stages));
     return GDN_OK;
 }
@@ -909,10 +1254,44 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     return GDN_OK;
 }
 
+/* Whether a verify runs as two kernels (the T-token preparation, then the streamed tensor-core state
+ * pass): chains of 2..GDN__RING_VERIFY_MAX_TOKENS tokens with bf16 state and inputs, K <= 128 (two
+ * stages fit at every ring capacity), without the mixer, where the workspace holds the verify's
+ * preparation (GDN_RING_VERIFY_STREAM=0: never). */
+static bool verify_stream_applies(const gdn__layer_params *p)
+{
+    static const bool on = [] {
+        const char *e = getenv("GDN_RING_VERIFY_STREAM");
+        return !(e && e[0] == '0');
+    }();
+    return on && p->ring_prep && p->deferred_verify && p->T >= 2 && p->T <= GDN__RING_VERIFY_MAX_TOKENS && p->K <= 128 &&
+           p->ring_prep_tokens >= p->T && !p->token_counts && !p->parents && !gdn__mixer_on(&p->mixer) &&
+           p->state_dtype == GDN_DTYPE_BF16 && p->input_dtype == GDN_DTYPE_BF16 && gdn__overlap_supported() && stream_mma_enabled() &&
+           p->V % stream_layout<128, __nv_bfloat16, true>::R == 0 && p->ring_capacity <= GDN_MAX_RING_LENGTH;
+}
+
+template <int K, typename S, typename I, typename O>
+static gdn_status launch_verify(const gdn__layer_params *p, cudaStream_t stream)
+{
+    if constexpr (std::is_same<S, __nv_bfloat16>::value && std::is_same<I, __nv_bfloat16>::value) {
+        constexpr int TM = GDN__RING_VERIFY_MAX_TOKENS;
+        const bool short_chain = p->T <= 4;
+        GDN__CUDA_TRY(gdn__launch(short_chain ? ring_verify_prep_kernel<K, I, 4> : ring_verify_prep_kernel<K, I, TM>,
+                                  dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0, stream, p->overlap_preceding != 0, *p));
+        const gdn_status st = short_chain ? launch_stream_as<K, S, I, O, true, 4>(p, stream) : launch_stream_as<K, S, I, O, true, TM>(p, stream);
+        if (st != GDN_OK) return st;
+        GDN__CUDA_TRY(gdn__cuda_launch_error());
+        return GDN_OK;
+    } else {
+        return GDN_ENOTSUP;
+    }
+}
+
 /* State values a thread holds: as the one-kernel step's decode (state_regs_for). */
 template <int K, typename S, typename I, typename O>
 static gdn_status launch(const gdn__layer_params *p, cudaStream_t stream)
 {
+    if (p->T > 1) return launch_verify<K, S, I, O>(p, stream);
     switch (state_regs_for<K, S, true>(p, true)) {
     case state_regs::big: return launch_regs<K, S, I, O, big_regs<S>()>(p, stream);
     case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY>(p, stream);
@@ -942,6 +1321,7 @@ extern "C" int gdn__cuda_ring_decode_applies(const gdn__layer_params *p)
         const char *e = getenv("GDN_RING_ONE_KERNEL");
         return e && e[0] == '1';
     }();
+    if (!one_kernel && verify_stream_applies(p)) return 1;
     return !one_kernel && p->ring_prep && p->T == 1 && !p->deferred_verify && !p->token_counts && !p->parents &&
            !gdn__mixer_on(&p->mixer) && p->ring_capacity <= GDN_MAX_RING_LENGTH &&
            (stream_state_pass_applies(p) ||
