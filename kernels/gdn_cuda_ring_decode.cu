@@ -193,15 +193,17 @@ enum { VPREP_COUNT = PREP_COUNT, VPREP_FLUSH = PREP_FLUSH, VPREP_DECAY_ALL = 2, 
 
 template <int K, typename I, int TM> __global__ void __launch_bounds__(PREP_THREADS) ring_verify_prep_kernel(const gdn__layer_params p)
 {
-    constexpr int E_MAX = GDN_MAX_RING_LENGTH + TM;
-    __shared__ float raw[2 * TM][K];                       /* the tokens' raw k (0..T-1) and q (TM..TM+T-1) */
-    __shared__ float logd[E_MAX];                          /* log decays, then their cumulative sums P */
-    __shared__ float rec_norm[GDN_MAX_RING_LENGTH];        /* scale of raw k_j */
-    __shared__ float rec_dot[GDN_MAX_RING_LENGTH][2 * TM]; /* raw k_j . raw k_t, raw k_j . raw q_t */
-    __shared__ float own_dot[TM][2 * TM];                  /* [t][t2]: raw k_t2 . raw k_t; [t][TM + t2]: . raw q_t */
-    __shared__ float tok[TM][4];                           /* rk_t, rq_t, beta_t, the log decay l_t */
+    constexpr int GL = 8, KPL = K / GL, GROUPS = PREP_THREADS / GL; /* a lane group per K-vector, as the decode's */
+    static_assert(KPL % 8 == 0, "16-byte pieces of 2-byte inputs");
+    constexpr int E_MAX = GDN_MAX_RING_LENGTH + TM, PIECES = K / 8;
+    __shared__ __align__(16) I own[2 * TM][K];               /* the tokens' raw k (0..T-1) and q (TM..TM+T-1) */
+    __shared__ float logd[E_MAX];                             /* log decays, then their cumulative sums P */
+    __shared__ float rec_norm[GDN_MAX_RING_LENGTH];           /* scale of raw k_j */
+    __shared__ float rec_dot[GDN_MAX_RING_LENGTH][2 * TM];    /* raw k_j . raw k_t, raw k_j . raw q_t (TM + t) */
+    __shared__ float own_dot[TM][2 * TM];                     /* [t][t2]: raw k_t2 . raw k_t; [t][TM + t2]: . raw q_t */
+    __shared__ float tok[TM][4];                              /* rk_t, rq_t, beta_t, the log decay l_t */
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = threadIdx.x / GL, glane = threadIdx.x % GL;
     const int vh = blockIdx.x;
     const int64_t i = blockIdx.y;
     const int64_t r = p.read_slots[i];
@@ -221,93 +223,133 @@ template <int K, typename I, int TM> __global__ void __launch_bounds__(PREP_THRE
     char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
     const float A = expf(p.A_log[vh]), dt_bias = p.dt_bias[vh];
 
-    for (int e = threadIdx.x; e < 2 * T * K; e += blockDim.x) {
-        const int m = e / K, c = e % K, t = m % T;
+    for (int c = threadIdx.x; c < 2 * T * PIECES; c += PREP_THREADS) {
+        const int m = c / PIECES, piece = c % PIECES, t = m < T ? m : m - T;
         const I *from = m < T ? static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh)
                               : static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh);
-        raw[m < T ? t : TM + t][c] = gdn__to_f32(from[c]);
+        reinterpret_cast<uint4 *>(own[m < T ? t : TM + t])[piece] = reinterpret_cast<const uint4 *>(from)[piece];
     }
     if ((int)threadIdx.x < h)
         logd[threadIdx.x] = token_log_decay(gdn__to_f32(reinterpret_cast<const I *>(ring_r + threadIdx.x * record_bytes + a_offset)[vh]),
                                             A, dt_bias);
     if ((int)threadIdx.x < T) {
         const int t = threadIdx.x;
-        logd[h + t] = tok[t][3] = token_log_decay(gdn__to_f32(static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, vh)]), A, dt_bias);
-        tok[t][2] = 1.0f / (1.0f + expf(-gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, vh)])));
+        const float a_t = gdn__to_f32(static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, vh)]);
+        float g, beta; /* g is exp of the log decay kept here */
+        token_gate(a_t, gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, vh)]), A, dt_bias, g, beta);
+        logd[h + t] = tok[t][3] = token_log_decay(a_t, A, dt_bias);
+        tok[t][2] = beta;
     }
     __syncthreads();
 
-    /* Norms of the tokens' k and q, the own tokens' dot products, the records' (a warp each). */
-    for (int m = warp; m < 2 * T; m += warps) {
-        const int row = m < T ? m : TM + m - T;
-        const float ss = warp_dot<K>(raw[row], raw[row], lane);
-        if (lane == 0) {
-            const float norm = p.use_qk_l2norm ? rsqrtf(ss + 1e-6f) : 1.0f;
-            if (m < T) tok[m][0] = norm;
-            else tok[m - T][1] = p.scale * norm;
-        }
-    }
-    for (int pair = warp; pair < T * T; pair += warps) {
-        const int t = pair / T, t2 = pair % T;
-        if (t2 > t) continue;
-        const float dk = t2 < t ? warp_dot<K>(raw[t2], raw[t], lane) : 0.0f;
-        const float dq = warp_dot<K>(raw[t2], raw[TM + t], lane);
-        if (lane == 0) own_dot[t][t2] = dk, own_dot[t][TM + t2] = dq;
-    }
-    for (int j = warp; j < h; j += warps) {
-        constexpr int KPL = K / 32;
-        float x[KPL], ss = 0.0f;
-        const I *rec = reinterpret_cast<const I *>(ring_r + j * record_bytes) + (int64_t)kh * K;
+    /* The lane's KPL values of a staged token vector (row m of own). */
+    const auto own_chunk = [&](int m, float (&x)[KPL]) {
 #pragma unroll
-        for (int e = 0; e < KPL; e++) x[e] = gdn__to_f32(rec[lane + 32 * e]), ss = fmaf(x[e], x[e], ss);
-        ss = group_sum<32>(ss);
-        if (lane == 0) rec_norm[j] = p.use_qk_l2norm ? rsqrtf(ss + 1e-6f) : 1.0f;
+        for (int e = 0; e < KPL; e += 8) gdn__load_vec<I, 8>(&own[m][glane * KPL + e], *reinterpret_cast<float(*)[8]>(&x[e]));
+    };
+    const auto dot = [&](const float (&x)[KPL], const float (&y)[KPL]) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < KPL; e++) d = fmaf(x[e], y[e], d);
+        return group_sum<GL>(d);
+    };
+
+    /* The records' k against every token's k and q: a lane group a record (uniform trip counts for the
+     * shuffles). */
+    for (int j0 = 0; j0 < h; j0 += GROUPS) {
+        const int j = j0 + group;
+        float x[KPL], y[KPL];
+        if (j < h) {
+            const I *rec = reinterpret_cast<const I *>(ring_r + j * record_bytes) + (int64_t)kh * K + glane * KPL;
+#pragma unroll
+            for (int e = 0; e < KPL; e += 8) gdn__load_vec<I, 8>(rec + e, *reinterpret_cast<float(*)[8]>(&x[e]));
+        } else {
+#pragma unroll
+            for (int e = 0; e < KPL; e++) x[e] = 0.0f;
+        }
+        const float xx = dot(x, x);
+        if (j < h && glane == 0) rec_norm[j] = p.use_qk_l2norm ? rsqrtf(xx + 1e-6f) : 1.0f;
         for (int m = 0; m < 2 * T; m++) {
             const int row = m < T ? m : TM + m - T;
-            float d = 0.0f;
-#pragma unroll
-            for (int e = 0; e < KPL; e++) d = fmaf(x[e], raw[row][lane + 32 * e], d);
-            d = group_sum<32>(d);
-            if (lane == 0) rec_dot[j][m] = d;
+            own_chunk(row, y);
+            const float d = dot(x, y);
+            if (j < h && glane == 0) rec_dot[j][row] = d;
+        }
+    }
+    /* The tokens among themselves: task n = t * TM + t2 (t2 <= t) takes k_t2 . k_t and k_t2 . q_t (t2 = t:
+     * the norm of k_t); task TM * TM + t the norm of q_t. */
+    for (int n0 = 0; n0 < TM * TM + TM; n0 += GROUPS) {
+        const int n = n0 + group;
+        const bool pair = n < TM * TM;
+        const int t = pair ? n / TM : n - TM * TM, t2 = pair ? n % TM : t;
+        const bool live = t < T && t2 <= t && n < TM * TM + TM;
+        float x[KPL], y[KPL];
+        own_chunk(live ? (pair ? t2 : TM + t) : 0, x);
+        own_chunk(live ? t : 0, y);
+        const float dk = dot(x, y);
+        own_chunk(live ? TM + t : 0, y);
+        const float dq = dot(x, y);
+        if (live && glane == 0) {
+            float rk, rq;
+            if (!pair) {
+                norm_scales(p, dq, dq, rk, rq); /* x = y = q_t */
+                tok[t][1] = rq;
+            } else {
+                if (t2 == t) norm_scales(p, dk, dk, rk, rq), tok[t][0] = rk;
+                own_dot[t][t2] = t2 < t ? dk : 0.0f;
+                own_dot[t][TM + t2] = dq;
+            }
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float P = 0.0f;
-        for (int m = 0; m < h + T; m++) P += logd[m], logd[m] = P;
+
+    /* Warp 0: the cumulative log decays P_0..P_{h+T-1}, in place. */
+    if (warp == 0) {
+        float carry = 0.0f;
+        for (int c = 0; c < h + T; c += 32) {
+            const int j = c + lane;
+            float x = j < h + T ? logd[j] : 0.0f;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const float y = __shfl_up_sync(0xffffffffu, x, off);
+                if (lane >= off) x += y;
+            }
+            x += carry;
+            if (j < h + T) logd[j] = x;
+            carry = __shfl_sync(0xffffffffu, x, 31);
+        }
     }
     __syncthreads();
 
-    /* Coefficients. */
+    /* Coefficients: thread j < h a record's, threads 64.. the own tokens', thread 96 the scalars. */
     const float before_all = h > 0 ? logd[h - 1] : 0.0f;
-    if (threadIdx.x == 0) {
+    const int tid = threadIdx.x;
+    if (tid == 0) {
         out[VPREP_COUNT] = (float)h;
         out[VPREP_FLUSH] = flush ? 1.0f : 0.0f;
         out[VPREP_DECAY_ALL] = expf(before_all);
         out[VPREP_BASE] = (float)base;
     }
-    for (int m = threadIdx.x; m < h; m += blockDim.x) out[16 + m] = expf(before_all - logd[m]) * rec_norm[m];
-    for (int e = threadIdx.x; e < T * (4 + GDN_MAX_RING_LENGTH + TM); e += blockDim.x) {
-        const int t = e / (4 + GDN_MAX_RING_LENGTH + TM), k = e % (4 + GDN_MAX_RING_LENGTH + TM);
+    if (tid < h) out[16 + tid] = expf(before_all - logd[tid]) * rec_norm[tid];
+    for (int t = 0; t < T; t++) {
         float *blk = out + 16 + stride + t * TB;
         const float before = t > 0 ? logd[h + t - 1] : before_all, after = logd[h + t];
         const float rk = tok[t][0], rq = tok[t][1];
-        if (k < 4) {
-            blk[k] = k == 0 ? (h + t > 0 ? expf(before) : 1.0f) * rk : k == 1 ? expf(after) * rq
-                   : k == 2 ? expf(tok[t][3]) : tok[t][2];
-        } else if (k < 4 + GDN_MAX_RING_LENGTH) {
-            const int j = k - 4;
-            if (j < h) {
-                blk[4 + j] = expf(before - logd[j]) * rec_norm[j] * rk * rec_dot[j][t];
-                blk[4 + stride + j] = expf(after - logd[j]) * rec_norm[j] * rq * rec_dot[j][T + t];
-            }
-        } else {
-            const int t2 = k - 4 - GDN_MAX_RING_LENGTH;
-            if (t2 <= t && t2 < T) {
+        if (tid < h) {
+            blk[4 + tid] = expf(before - logd[tid]) * rec_norm[tid] * rk * rec_dot[tid][t];
+            blk[4 + stride + tid] = expf(after - logd[tid]) * rec_norm[tid] * rq * rec_dot[tid][TM + t];
+        } else if (tid >= 64 && tid < 64 + TM) {
+            const int t2 = tid - 64;
+            if (t2 <= t) {
                 const float rk2 = tok[t2][0];
                 blk[4 + 2 * stride + t2] = t2 < t ? expf(before - logd[h + t2]) * rk2 * rk * own_dot[t][t2] : 0.0f;
                 blk[4 + 2 * stride + TM + t2] = expf(after - logd[h + t2]) * rk2 * rq * own_dot[t][TM + t2];
             }
+        } else if (tid == 96) {
+            blk[0] = (h + t > 0 ? expf(before) : 1.0f) * rk;
+            blk[1] = expf(after) * rq;
+            blk[2] = expf(tok[t][3]);
+            blk[3] = tok[t][2];
         }
     }
     __syncthreads(); /* the records' a are read (logd) before they are overwritten */
@@ -317,14 +359,12 @@ template <int K, typename I, int TM> __global__ void __launch_bounds__(PREP_THRE
         reinterpret_cast<I *>(ring_w + (base + threadIdx.x) * record_bytes + a_offset)[vh] =
             static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, threadIdx.x, vh)];
     const bool k_overwrites_read_records = r == w && base < h;
-    if (!k_overwrites_read_records && vh % per_key == 0) {
-        constexpr int PIECES = K * 2 / 16;
-        for (int c = threadIdx.x; c < T * PIECES; c += blockDim.x) {
+    if (!k_overwrites_read_records && vh % per_key == 0)
+        for (int c = threadIdx.x; c < T * PIECES; c += PREP_THREADS) {
             const int t = c / PIECES, piece = c % PIECES;
             reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes + (int64_t)kh * K * 2)[piece] =
-                reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh))[piece];
+                reinterpret_cast<const uint4 *>(own[t])[piece];
         }
-    }
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -855,8 +895,9 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
     }
 
     if (flush) {
-        /* S_h = exp(P_{h-1}) S0 + sum_{m < h} fk[m] u_m raw_k_m, written to slot w. */
-        constexpr int CHUNK = K < 64 ? K / 32 : 2;
+        /* S_h = exp(P_{h-1}) S0 + sum_{m < h} fk[m] u_m raw_k_m, written to slot w (32 columns at a time:
+         * the tokens' values above stay live). */
+        constexpr int CHUNK = 1;
         const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
         const float decay = prep[VPREP_DECAY_ALL];
         S *to = static_cast<S *>(p.state) + w * p.slot_stride + ((int64_t)head * V + tile * R) * K;
@@ -1273,7 +1314,7 @@ static bool verify_stream_applies(const gdn__layer_params *p)
 template <int K, typename S, typename I, typename O>
 static gdn_status launch_verify(const gdn__layer_params *p, cudaStream_t stream)
 {
-    if constexpr (std::is_same<S, __nv_bfloat16>::value && std::is_same<I, __nv_bfloat16>::value) {
+    if constexpr (std::is_same<S, __nv_bfloat16>::value && std::is_same<I, __nv_bfloat16>::value && K <= 128) {
         constexpr int TM = GDN__RING_VERIFY_MAX_TOKENS;
         const bool short_chain = p->T <= 4;
         GDN__CUDA_TRY(gdn__launch(short_chain ? ring_verify_prep_kernel<K, I, 4> : ring_verify_prep_kernel<K, I, TM>,
