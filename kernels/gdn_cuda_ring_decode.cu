@@ -50,6 +50,32 @@ enum {
 
 #define PREP_THREADS 128
 
+/* Inclusive prefix sum over the warp's lanes. */
+__device__ __forceinline__ float warp_inclusive_sum(float x, int lane)
+{
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, x, off);
+        if (lane >= off) x += y;
+    }
+    return x;
+}
+
+/* The lane's KPL values (from element `first`) of record j's raw k, zeros for j >= h (the lane group
+ * still joins its shuffles). */
+template <int KPL, typename I>
+__device__ __forceinline__ void record_k_values(const char *ring_r, int64_t record_bytes, int j, int h, int64_t first, float (&x)[KPL])
+{
+    if (j < h) {
+        const I *rec = reinterpret_cast<const I *>(ring_r + j * record_bytes) + first;
+#pragma unroll
+        for (int e = 0; e < KPL; e += 8) gdn__load_vec<I, 8>(rec + e, *reinterpret_cast<float(*)[8]>(&x[e]));
+    } else {
+#pragma unroll
+        for (int e = 0; e < KPL; e++) x[e] = 0.0f;
+    }
+}
+
 template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) ring_decode_prep_kernel(const gdn__layer_params p)
 {
     constexpr int GL = 8;        /* lanes per K-vector: four vectors a warp, sixteen a CTA at once */
@@ -110,14 +136,7 @@ template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) rin
     for (int j0 = 0; j0 < h; j0 += 16) {
         const int j = j0 + warp * 4 + group;
         float x[KPL];
-        if (j < h) {
-            const I *rec = reinterpret_cast<const I *>(ring_r + j * record_bytes) + (int64_t)kh * K + glane * KPL;
-#pragma unroll
-            for (int e = 0; e < KPL; e += 8) gdn__load_vec<I, 8>(rec + e, *reinterpret_cast<float(*)[8]>(&x[e]));
-        } else {
-#pragma unroll
-            for (int e = 0; e < KPL; e++) x[e] = 0.0f;
-        }
+        record_k_values<KPL, I>(ring_r, record_bytes, j, h, (int64_t)kh * K + glane * KPL, x);
         float xx = 0.0f, xk = 0.0f, xq = 0.0f;
 #pragma unroll
         for (int e = 0; e < KPL; e++) xx = fmaf(x[e], x[e], xx), xk = fmaf(x[e], k[e], xk), xq = fmaf(x[e], q[e], xq);
@@ -137,13 +156,7 @@ template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) rin
 #pragma unroll
         for (int c = 0; c < 2; c++) {
             const int j = c * 32 + lane;
-            float x = j <= h ? logd[j] : 0.0f;
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                const float y = __shfl_up_sync(0xffffffffu, x, off);
-                if (lane >= off) x += y;
-            }
-            P[c] = x + carry;
+            P[c] = warp_inclusive_sum(j <= h ? logd[j] : 0.0f, lane) + carry;
             carry = __shfl_sync(0xffffffffu, P[c], 31);
         }
         const float after = __shfl_sync(0xffffffffu, h < 32 ? P[0] : P[1], h % 32);
@@ -259,14 +272,7 @@ template <int K, typename I, int TM> __global__ void __launch_bounds__(PREP_THRE
     for (int j0 = 0; j0 < h; j0 += GROUPS) {
         const int j = j0 + group;
         float x[KPL], y[KPL];
-        if (j < h) {
-            const I *rec = reinterpret_cast<const I *>(ring_r + j * record_bytes) + (int64_t)kh * K + glane * KPL;
-#pragma unroll
-            for (int e = 0; e < KPL; e += 8) gdn__load_vec<I, 8>(rec + e, *reinterpret_cast<float(*)[8]>(&x[e]));
-        } else {
-#pragma unroll
-            for (int e = 0; e < KPL; e++) x[e] = 0.0f;
-        }
+        record_k_values<KPL, I>(ring_r, record_bytes, j, h, (int64_t)kh * K + glane * KPL, x);
         const float xx = dot(x, x);
         if (j < h && glane == 0) rec_norm[j] = p.use_qk_l2norm ? rsqrtf(xx + 1e-6f) : 1.0f;
         for (int m = 0; m < 2 * T; m++) {
@@ -308,13 +314,7 @@ template <int K, typename I, int TM> __global__ void __launch_bounds__(PREP_THRE
         float carry = 0.0f;
         for (int c = 0; c < h + T; c += 32) {
             const int j = c + lane;
-            float x = j < h + T ? logd[j] : 0.0f;
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                const float y = __shfl_up_sync(0xffffffffu, x, off);
-                if (lane >= off) x += y;
-            }
-            x += carry;
+            const float x = warp_inclusive_sum(j < h + T ? logd[j] : 0.0f, lane) + carry;
             if (j < h + T) logd[j] = x;
             carry = __shfl_sync(0xffffffffu, x, 31);
         }
@@ -330,9 +330,9 @@ template <int K, typename I, int TM> __global__ void __launch_bounds__(PREP_THRE
         out[VPREP_DECAY_ALL] = expf(before_all);
         out[VPREP_BASE] = (float)base;
     }
-    if (tid < h) out[16 + tid] = expf(before_all - logd[tid]) * rec_norm[tid];
+    if (tid < h) out[PREP_HEADER + tid] = expf(before_all - logd[tid]) * rec_norm[tid];
     for (int t = 0; t < T; t++) {
-        float *blk = out + 16 + stride + t * TB;
+        float *blk = out + PREP_HEADER + stride + t * TB;
         const float before = t > 0 ? logd[h + t - 1] : before_all, after = logd[h + t];
         const float rk = tok[t][0], rq = tok[t][1];
         if (tid < h) {
@@ -665,20 +665,82 @@ struct item_walk {
 
 enum { ITEM_READ, ITEM_WRITE, ITEM_KIND }; /* header ints; kind: 0 padding, 1 out of range, 2 a row */
 
+/* acc[nt] += the warp's 16 tile rows (rowA, rowB = rowA + 8) times n-tile nt's 8 B columns, over all K
+ * columns, for n-tiles 0..tiles - 1. The reduction visits a row's columns in an order that A and B
+ * share: lane qt reads 8 consecutive columns 32 c + 8 qt .. + 7 of each 32 (one 16-byte read a row,
+ * at most 2-way bank conflicts in the unpadded tile), the first four for MMA step 2 c, the last four
+ * for step 2 c + 1; b_at(nt, col) gives the lane's B column's 16 bytes at col. */
+template <int K, int NT, typename BAt>
+__device__ __forceinline__ void tile_times_columns(const unsigned char *tile_s, int rowA, int rowB, int qt, int tiles, BAt b_at,
+                                                   float (&acc)[NT][4])
+{
+    constexpr int PITCH = K * 2;
+#pragma unroll
+    for (int c32 = 0; c32 < K / 32; c32++) {
+        const int col = c32 * 32 + qt * 8;
+        const uint4 a_top = *reinterpret_cast<const uint4 *>(tile_s + rowA * PITCH + col * 2);
+        const uint4 a_bottom = *reinterpret_cast<const uint4 *>(tile_s + rowB * PITCH + col * 2);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (nt >= tiles) break;
+            const uint4 b = b_at(nt, col);
+            mma_bf16_m16n8k16(acc[nt], a_top.x, a_bottom.x, a_top.y, a_bottom.y, b.x, b.y);
+            mma_bf16_m16n8k16(acc[nt], a_top.z, a_bottom.z, a_top.w, a_bottom.w, b.z, b.w);
+        }
+    }
+}
+
+/* A write-back in the MMA form's layout: rows rowA and rowB of `to` become decay S0 + sum_{m < entries}
+ * coef(m, row) k_row(m) over the lane's 8 columns of each 32, CHUNK 32-column groups a pass (what
+ * fits in registers beside the caller's live values). */
+template <int K, int CHUNK, typename I, typename Coef, typename KRow>
+__device__ __forceinline__ void write_back_mma_rows(const unsigned char *tile_s, int rowA, int rowB, int qt, float decay, int entries,
+                                                    Coef coef, KRow k_row, __nv_bfloat16 *to)
+{
+    using S = __nv_bfloat16;
+    constexpr int PITCH = K * 2;
+#pragma unroll 1
+    for (int c0 = 0; c0 < K / 32; c0 += CHUNK) {
+        float xa[CHUNK][8], xb[CHUNK][8];
+#pragma unroll
+        for (int c = 0; c < CHUNK; c++) {
+            const int col = (c0 + c) * 32 + qt * 8;
+            gdn__load_vec<S, 8>(reinterpret_cast<const S *>(tile_s + rowA * PITCH) + col, xa[c]);
+            gdn__load_vec<S, 8>(reinterpret_cast<const S *>(tile_s + rowB * PITCH) + col, xb[c]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) xa[c][e] *= decay, xb[c][e] *= decay;
+        }
+        for (int m = 0; m < entries; m++) {
+            const float ca = coef(m, rowA), cb = coef(m, rowB);
+            const I *km = k_row(m);
+#pragma unroll
+            for (int c = 0; c < CHUNK; c++) {
+                float kv[8];
+                gdn__load_vec<I, 8>(km + (c0 + c) * 32 + qt * 8, kv);
+#pragma unroll
+                for (int e = 0; e < 8; e++) xa[c][e] = fmaf(ca, kv[e], xa[c][e]), xb[c][e] = fmaf(cb, kv[e], xb[c][e]);
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < CHUNK; c++) {
+            const int col = (c0 + c) * 32 + qt * 8;
+            gdn__store_vec<S, 8>(to + (int64_t)rowA * K + col, xa[c]);
+            gdn__store_vec<S, 8>(to + (int64_t)rowB * K + col, xb[c]);
+        }
+    }
+}
+
 /* A consumer warp's part of an item in the MMA form: state rows warp * 16 + (0..15) of the tile (warp:
  * its place in its group; leader: the group's first thread). A quad of lanes (qg = lane / 4) holds
- * rows rowA = warp * 16 + qg and rowB = rowA + 8. The MMA's reduction index may visit a row's columns
- * in any order that A and B share: lane qt reads 8 consecutive columns 32 c + 8 qt .. + 7 of each
- * 32 (one 16-byte read a row, at most 2-way bank conflicts in the unpadded tile), the first four for
- * MMA step 2 c, the last four for step 2 c + 1. B's column 0 is the token's raw k, column 1 its raw
- * q, the rest zero: the quad's lane 0 gets S0.k and S0.q of both rows, the others zeros, and the
+ * rows rowA = warp * 16 + qg and rowB = rowA + 8 (tile_times_columns). B's column 0 is the token's
+ * raw k, column 1 its raw q, the rest zero: the quad's lane 0 gets S0.k and S0.q of both rows, the others zeros, and the
  * records' terms (record j on lane j mod 4) join them in one quad sum. */
 template <int K, typename I, typename O, typename Lay>
 __device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const unsigned char *stage, const Lay &lay, int kind,
                                             int64_t i, int head, int tile, int64_t out_base, int warp, int lane, bool leader)
 {
     using S = __nv_bfloat16;
-    constexpr int R = Lay::R, PITCH = K * 2, US = Lay::U_STRIDE;
+    constexpr int R = Lay::R, US = Lay::U_STRIDE;
     const int qg = lane >> 2, qt = lane & 3;
     const int rowA = warp * 16 + qg, rowB = rowA + 8;
     const int V = p.V, C = p.ring_capacity;
@@ -700,20 +762,13 @@ __device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const un
     const bool flush = prep[PREP_FLUSH] != 0.0f;
     if (head == 0 && tile == 0 && leader) p.ring_count[w] = flush ? 0 : h + 1;
 
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
     const I *column = qg == 0 ? k_s : q_s;
-#pragma unroll
-    for (int c32 = 0; c32 < K / 32; c32++) {
-        const int col = c32 * 32 + qt * 8;
-        uint4 b = make_uint4(0u, 0u, 0u, 0u);
-        if (qg < 2) b = *reinterpret_cast<const uint4 *>(column + col);
-        const uint4 a_top = *reinterpret_cast<const uint4 *>(tile_s + rowA * PITCH + col * 2);
-        const uint4 a_bottom = *reinterpret_cast<const uint4 *>(tile_s + rowB * PITCH + col * 2);
-        mma_bf16_m16n8k16(acc, a_top.x, a_bottom.x, a_top.y, a_bottom.y, b.x, b.y);
-        mma_bf16_m16n8k16(acc, a_top.z, a_bottom.z, a_top.w, a_bottom.w, b.z, b.w);
-    }
+    tile_times_columns<K>(tile_s, rowA, rowB, qt, 1,
+                          [&](int, int col) { return qg < 2 ? *reinterpret_cast<const uint4 *>(column + col) : make_uint4(0u, 0u, 0u, 0u); },
+                          acc);
     const float c0k = prep[PREP_C0K], c0q = prep[PREP_C0Q];
-    float ka = c0k * acc[0], qa = c0q * acc[1], kb = c0k * acc[2], qb = c0q * acc[3];
+    float ka = c0k * acc[0][0], qa = c0q * acc[0][1], kb = c0k * acc[0][2], qb = c0q * acc[0][3];
     for (int j = qt; j < h; j += 4) {
         const float ckj = ck[j], cqj = cq[j], ua = u_s[j * US + rowA], ub = u_s[j * US + rowB];
         ka = fmaf(ckj, ua, ka), qa = fmaf(cqj, ua, qa), kb = fmaf(ckj, ub, kb), qb = fmaf(cqj, ub, qb);
@@ -738,41 +793,14 @@ __device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const un
     }
     if (!flush) return;
 
-    /* Write-back: S_{h+1} = exp(P_h) S0 + sum_{m <= h} fk[m] u_m raw_k_m (entry h the token's own), over
-     * the lane's 8 columns of each 32 in both rows, 64 columns at a time (no spills). */
-    constexpr int CHUNK = K < 64 ? K / 32 : 2; /* 32-column groups a pass */
+    /* Write-back: S_{h+1} = exp(P_h) S0 + sum_{m <= h} fk[m] u_m raw_k_m (entry h the token's own), 64
+     * columns a pass (no spills). */
     const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
-    const float decay = prep[PREP_DECAY_ALL];
-    S *to = static_cast<S *>(p.state) + w * p.slot_stride + ((int64_t)head * V + tile * R) * K;
-#pragma unroll 1
-    for (int c0 = 0; c0 < K / 32; c0 += CHUNK) {
-        float xa[CHUNK][8], xb[CHUNK][8];
-#pragma unroll
-        for (int c = 0; c < CHUNK; c++) {
-            const int col = (c0 + c) * 32 + qt * 8;
-            gdn__load_vec<S, 8>(reinterpret_cast<const S *>(tile_s + rowA * PITCH) + col, xa[c]);
-            gdn__load_vec<S, 8>(reinterpret_cast<const S *>(tile_s + rowB * PITCH) + col, xb[c]);
-#pragma unroll
-            for (int e = 0; e < 8; e++) xa[c][e] *= decay, xb[c][e] *= decay;
-        }
-        for (int m = 0; m <= h; m++) {
-            const float ca = fk[m] * (m < h ? u_s[m * US + rowA] : u_top), cb = fk[m] * (m < h ? u_s[m * US + rowB] : u_bottom);
-            const I *km = m < h ? krec_s + m * K : k_s;
-#pragma unroll
-            for (int c = 0; c < CHUNK; c++) {
-                float kv[8];
-                gdn__load_vec<I, 8>(km + (c0 + c) * 32 + qt * 8, kv);
-#pragma unroll
-                for (int e = 0; e < 8; e++) xa[c][e] = fmaf(ca, kv[e], xa[c][e]), xb[c][e] = fmaf(cb, kv[e], xb[c][e]);
-            }
-        }
-#pragma unroll
-        for (int c = 0; c < CHUNK; c++) {
-            const int col = (c0 + c) * 32 + qt * 8;
-            gdn__store_vec<S, 8>(to + (int64_t)rowA * K + col, xa[c]);
-            gdn__store_vec<S, 8>(to + (int64_t)rowB * K + col, xb[c]);
-        }
-    }
+    write_back_mma_rows<K, (K < 64 ? K / 32 : 2), I>(
+        tile_s, rowA, rowB, qt, prep[PREP_DECAY_ALL], h + 1,
+        [&](int m, int row) { return fk[m] * (m < h ? u_s[m * US + row] : row == rowA ? u_top : u_bottom); },
+        [&](int m) { return m < h ? krec_s + m * K : k_s; },
+        static_cast<S *>(p.state) + w * p.slot_stride + ((int64_t)head * V + tile * R) * K);
 }
 
 /* The verify's consumer (a chain of T = 2..8 tokens, records base..base+T-1 appended; semantics as the
@@ -788,7 +816,7 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
                                                    int64_t i, int head, int tile, int64_t out_base, int warp, int lane, bool leader)
 {
     using S = __nv_bfloat16;
-    constexpr int R = Lay::R, PITCH = K * 2, US = Lay::U_STRIDE, TM = Lay::TOKENS, NT = (TM + 3) / 4; /* n-tiles of 4 tokens */
+    constexpr int R = Lay::R, US = Lay::U_STRIDE, TM = Lay::TOKENS, NT = (TM + 3) / 4; /* n-tiles of 4 tokens */
     const int qg = lane >> 2, qt = lane & 3, quad0 = lane & ~3;
     const int rowA = warp * 16 + qg, rowB = rowA + 8;
     const int V = p.V, C = p.ring_capacity, T = p.T, HV = p.HV, HK = p.HK;
@@ -805,7 +833,7 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
     const int64_t r = reinterpret_cast<const int *>(stage)[ITEM_READ], w = reinterpret_cast<const int *>(stage)[ITEM_WRITE];
     const int stride = gdn__ring_prep_stride(C), TB = gdn__ring_verify_token_floats(C, TM);
     const float *prep = reinterpret_cast<const float *>(stage + lay.prep);
-    const float *fk = prep + 16, *blocks = prep + 16 + stride;
+    const float *fk = prep + PREP_HEADER, *blocks = fk + stride;
     const float *u_s = reinterpret_cast<const float *>(stage + lay.u);
     const I *k_s = reinterpret_cast<const I *>(stage + lay.kin), *q_s = reinterpret_cast<const I *>(stage + lay.qin);
     const I *v_s = reinterpret_cast<const I *>(stage + lay.vin);
@@ -818,22 +846,12 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-    const int tiles_n = (T + 3) / 4;
-#pragma unroll
-    for (int c32 = 0; c32 < K / 32; c32++) {
-        const int col = c32 * 32 + qt * 8;
-        const uint4 a_top = *reinterpret_cast<const uint4 *>(tile_s + rowA * PITCH + col * 2);
-        const uint4 a_bottom = *reinterpret_cast<const uint4 *>(tile_s + rowB * PITCH + col * 2);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            if (nt >= tiles_n) break;
-            const int t = nt * 4 + qg / 2; /* B column qg: token t's k (even) or q (odd) */
-            uint4 b = make_uint4(0u, 0u, 0u, 0u);
-            if (t < T) b = *reinterpret_cast<const uint4 *>((qg & 1 ? q_s : k_s) + t * K + col);
-            mma_bf16_m16n8k16(acc[nt], a_top.x, a_bottom.x, a_top.y, a_bottom.y, b.x, b.y);
-            mma_bf16_m16n8k16(acc[nt], a_top.z, a_bottom.z, a_top.w, a_bottom.w, b.z, b.w);
-        }
-    }
+    tile_times_columns<K>(tile_s, rowA, rowB, qt, (T + 3) / 4,
+                          [&](int nt, int col) {
+                              const int t = nt * 4 + qg / 2; /* B column qg: token t's k (even) or q (odd) */
+                              return t < T ? *reinterpret_cast<const uint4 *>((qg & 1 ? q_s : k_s) + t * K + col) : make_uint4(0u, 0u, 0u, 0u);
+                          },
+                          acc);
 
     /* The lane's tokens (qt, qt + 4): S0 terms and the records' terms. */
     float ka[NT], qa[NT], kb[NT], qb[NT];
@@ -895,40 +913,12 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
     }
 
     if (flush) {
-        /* S_h = exp(P_{h-1}) S0 + sum_{m < h} fk[m] u_m raw_k_m, written to slot w (32 columns at a time:
-         * the tokens' values above stay live). */
-        constexpr int CHUNK = 1;
+        /* S_h = exp(P_{h-1}) S0 + sum_{m < h} fk[m] u_m raw_k_m, written to slot w (32 columns a pass: the
+         * tokens' values above stay live). */
         const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
-        const float decay = prep[VPREP_DECAY_ALL];
-        S *to = static_cast<S *>(p.state) + w * p.slot_stride + ((int64_t)head * V + tile * R) * K;
-#pragma unroll 1
-        for (int c0 = 0; c0 < K / 32; c0 += CHUNK) {
-            float xa[CHUNK][8], xb[CHUNK][8];
-#pragma unroll
-            for (int c = 0; c < CHUNK; c++) {
-                const int col = (c0 + c) * 32 + qt * 8;
-                gdn__load_vec<S, 8>(reinterpret_cast<const S *>(tile_s + rowA * PITCH) + col, xa[c]);
-                gdn__load_vec<S, 8>(reinterpret_cast<const S *>(tile_s + rowB * PITCH) + col, xb[c]);
-#pragma unroll
-                for (int e = 0; e < 8; e++) xa[c][e] *= decay, xb[c][e] *= decay;
-            }
-            for (int m = 0; m < h; m++) {
-                const float ca = fk[m] * u_s[m * US + rowA], cb = fk[m] * u_s[m * US + rowB];
-#pragma unroll
-                for (int c = 0; c < CHUNK; c++) {
-                    float kv[8];
-                    gdn__load_vec<I, 8>(krec_s + m * K + (c0 + c) * 32 + qt * 8, kv);
-#pragma unroll
-                    for (int e = 0; e < 8; e++) xa[c][e] = fmaf(ca, kv[e], xa[c][e]), xb[c][e] = fmaf(cb, kv[e], xb[c][e]);
-                }
-            }
-#pragma unroll
-            for (int c = 0; c < CHUNK; c++) {
-                const int col = (c0 + c) * 32 + qt * 8;
-                gdn__store_vec<S, 8>(to + (int64_t)rowA * K + col, xa[c]);
-                gdn__store_vec<S, 8>(to + (int64_t)rowB * K + col, xb[c]);
-            }
-        }
+        write_back_mma_rows<K, 1, I>(
+            tile_s, rowA, rowB, qt, prep[VPREP_DECAY_ALL], h, [&](int m, int row) { return fk[m] * u_s[m * US + row]; },
+            [&](int m) { return krec_s + m * K; }, static_cast<S *>(p.state) + w * p.slot_stride + ((int64_t)head * V + tile * R) * K);
     }
 
     /* A write-back in place over records the row's items read (their k were staged before this item
