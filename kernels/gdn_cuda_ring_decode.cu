@@ -76,49 +76,32 @@ __device__ __forceinline__ void record_k_values(const char *ring_r, int64_t reco
     }
 }
 
-template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) ring_decode_prep_kernel(const gdn__layer_params p)
+/* A decode's preparation of one (row, value head), by THREADS threads (tid 0.., whole warps; sync()
+ * joins them): the coefficients of the scratch above into out, from the token's raw k and q (k_in,
+ * q_in: key head kh), record j's raw k (rec_k(j)) and raw a (rec_a(j)), the token's raw a and b and the
+ * head's A = exp(A_log) and dt_bias, for a
+ * ring of h records; dot_k, dot_q, norm_of (h floats, may alias out's ck, cq, fk: each is read and then
+ * overwritten by the same thread) and logd (h + 1 floats) are scratch. Unless the row writes back, it
+ * appends the token's a and, once per key head, its k as record h at `append` (nullptr: another caller
+ * appends). Warp 0 writes out; the caller syncs before reading it. The preparation kernel reads global
+ * memory, the streamed pass its stage. */
+template <int K, typename I, int THREADS, typename RecK, typename RecA, typename Sync>
+__device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int tid, int vh, const I *k_in, const I *q_in, RecK rec_k,
+                                               RecA rec_a, I own_a, float own_b, float A, float dt_bias, int h, bool flush, char *append, float *out,
+                                               float *dot_k, float *dot_q, float *norm_of, float *logd, Sync sync)
 {
-    constexpr int GL = 8;        /* lanes per K-vector: four vectors a warp, sixteen a CTA at once */
-    constexpr int KPL = K / GL;  /* elements a lane holds */
+    constexpr int GL = K / 16 < 8 ? 8 : K / 16 > 32 ? 32 : K / 16; /* lanes per K-vector: THREADS / GL vectors at once */
+    constexpr int KPL = K / GL; /* elements a lane holds: at most 16, for the streamed pass's registers */
     static_assert(KPL % 8 == 0, "16-byte pieces of 2-byte inputs");
-    __shared__ float dot_k[GDN_MAX_RING_LENGTH], dot_q[GDN_MAX_RING_LENGTH], norm_of[GDN_MAX_RING_LENGTH + 1],
-        logd[GDN_MAX_RING_LENGTH + 1];
-    __shared__ float scalars[4]; /* rk, rq, k.q raw, the token's log decay */
-
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int group = lane / GL, glane = lane % GL;
-    const int vh = blockIdx.x;
-    const int64_t i = blockIdx.y;
-    const int64_t r = p.read_slots[i];
-    const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
-    if (p.overlap_preceding) gdn__wait_preceding();
-    gdn__allow_dependents();
-    if (r < 0 || gdn__row_slots_invalid(r, w, p.num_slots)) return; /* padding: kernel 2 reads nothing */
-
-    const int HV = p.HV, HK = p.HK, C = p.ring_capacity, per_key = HV / HK, kh = vh / per_key;
-    float *out = p.ring_prep + (i * HV + vh) * gdn__ring_prep_floats(C);
-    const int stride = gdn__ring_prep_stride(C);
-    /* What does not depend on the record count first: the token's k, q, a, b. */
+    const int lane = tid & 31, glane = lane % GL;
+    const int per_key = p.HV / p.HK, kh = vh / per_key, stride = gdn__ring_prep_stride(p.ring_capacity);
     float k[KPL], q[KPL];
-    const I *k_in = static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, 0, kh) + glane * KPL;
-    const I *q_in = static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, 0, kh) + glane * KPL;
 #pragma unroll
     for (int e = 0; e < KPL; e += 8) {
-        gdn__load_vec<I, 8>(k_in + e, *reinterpret_cast<float(*)[8]>(&k[e]));
-        gdn__load_vec<I, 8>(q_in + e, *reinterpret_cast<float(*)[8]>(&q[e]));
+        gdn__load_vec<I, 8>(k_in + glane * KPL + e, *reinterpret_cast<float(*)[8]>(&k[e]));
+        gdn__load_vec<I, 8>(q_in + glane * KPL + e, *reinterpret_cast<float(*)[8]>(&q[e]));
     }
-    const I own_a = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, 0, vh)];
-    const float own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, 0, vh)]);
-    const float A = expf(p.A_log[vh]), dt_bias = p.dt_bias[vh];
-    const int h = min(max(p.ring_count[r], 0), C);
-    const bool flush = r != w || h + 1 >= p.ring_length;
-    const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, p.V), a_offset = gdn__ring_a_offset(HK, K);
-    const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
-    char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
-
-    if ((int)threadIdx.x < h)
-        logd[threadIdx.x] = token_log_decay(gdn__to_f32(reinterpret_cast<const I *>(ring_r + threadIdx.x * record_bytes + a_offset)[vh]),
-                                            A, dt_bias);
+    for (int j = tid; j < h; j += THREADS) logd[j] = token_log_decay(gdn__to_f32(rec_a(j)), A, dt_bias);
 
     float kk = 0.0f, qq = 0.0f, kq = 0.0f;
 #pragma unroll
@@ -126,17 +109,20 @@ template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) rin
     kk = group_sum<GL>(kk), qq = group_sum<GL>(qq), kq = group_sum<GL>(kq);
     float rk, rq;
     norm_scales(p, kk, qq, rk, rq);
-    if (threadIdx.x == 0) {
-        const float l = token_log_decay(gdn__to_f32(own_a), A, dt_bias);
-        logd[h] = l;
-        scalars[0] = rk, scalars[1] = rq, scalars[2] = kq, scalars[3] = l;
-    }
+    const float own_l = token_log_decay(gdn__to_f32(own_a), A, dt_bias);
+    if (tid == 0) logd[h] = own_l;
 
-    /* The records' k: sixteen at a time (a lane group each), a uniform trip count for the shuffles. */
-    for (int j0 = 0; j0 < h; j0 += 16) {
-        const int j = j0 + warp * 4 + group;
+    /* The records' k: THREADS / GL at a time (a lane group each), a uniform trip count for the shuffles. */
+    for (int j0 = 0; j0 < h; j0 += THREADS / GL) {
+        const int j = j0 + tid / GL;
         float x[KPL];
-        record_k_values<KPL, I>(ring_r, record_bytes, j, h, (int64_t)kh * K + glane * KPL, x);
+        if (j < h) {
+#pragma unroll
+            for (int e = 0; e < KPL; e += 8) gdn__load_vec<I, 8>(rec_k(j) + glane * KPL + e, *reinterpret_cast<float(*)[8]>(&x[e]));
+        } else {
+#pragma unroll
+            for (int e = 0; e < KPL; e++) x[e] = 0.0f;
+        }
         float xx = 0.0f, xk = 0.0f, xq = 0.0f;
 #pragma unroll
         for (int e = 0; e < KPL; e++) xx = fmaf(x[e], x[e], xx), xk = fmaf(x[e], k[e], xk), xq = fmaf(x[e], q[e], xq);
@@ -148,26 +134,26 @@ template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) rin
             norm_of[j] = rj;
         }
     }
-    __syncthreads();
+    sync();
 
     /* Warp 0: cumulative log decays P_0..P_h (32 a chunk), then every coefficient. */
-    if (warp == 0) {
-        float P[2], carry = 0.0f;
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const int j = c * 32 + lane;
-            P[c] = warp_inclusive_sum(j <= h ? logd[j] : 0.0f, lane) + carry;
-            carry = __shfl_sync(0xffffffffu, P[c], 31);
-        }
+    if (tid < 32) {
+        float P[2];
+        P[0] = warp_inclusive_sum(lane <= h ? logd[lane] : 0.0f, lane);
+        P[1] = 0.0f;
+        if (h >= 32) /* a second chunk only for a full ring of 32 */
+            P[1] = warp_inclusive_sum(32 + lane <= h ? logd[32 + lane] : 0.0f, lane) + __shfl_sync(0xffffffffu, P[0], 31);
         const float after = __shfl_sync(0xffffffffu, h < 32 ? P[0] : P[1], h % 32);
         const float before = h > 0 ? __shfl_sync(0xffffffffu, h - 1 < 32 ? P[0] : P[1], (h - 1) % 32) : 0.0f;
 #pragma unroll
         for (int c = 0; c < 2; c++) {
             const int j = c * 32 + lane;
             if (j < h) {
-                out[PREP_HEADER + j] = expf(after - P[c]) * norm_of[j];
-                out[PREP_HEADER + stride + j] = expf(before - P[c]) * dot_k[j];
-                out[PREP_HEADER + 2 * stride + j] = expf(after - P[c]) * dot_q[j];
+                const float fk = expf(after - P[c]) * norm_of[j], ck = expf(before - P[c]) * dot_k[j],
+                            cq = expf(after - P[c]) * dot_q[j];
+                out[PREP_HEADER + j] = fk;
+                out[PREP_HEADER + stride + j] = ck;
+                out[PREP_HEADER + 2 * stride + j] = cq;
             } else if (j == h) {
                 out[PREP_HEADER + j] = rk;
             }
@@ -179,16 +165,48 @@ template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) rin
             out[PREP_C0Q] = expf(after) * rq;
             out[PREP_DECAY_ALL] = expf(after);
             out[PREP_KQ] = rk * rq * kq;
-            out[PREP_DECAY] = expf(scalars[3]);
+            out[PREP_DECAY] = expf(own_l);
             out[PREP_BETA] = 1.0f / (1.0f + expf(-own_b));
-            if (!flush) reinterpret_cast<I *>(ring_w + h * record_bytes + a_offset)[vh] = own_a;
+            if (!flush && append) reinterpret_cast<I *>(append + gdn__ring_a_offset(p.HK, K))[vh] = own_a;
         }
     }
-    if (!flush && vh % per_key == 0 && warp == 1) { /* record h's k, once per key head */
-        const uint4 *from = reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, 0, kh));
-        uint4 *to = reinterpret_cast<uint4 *>(ring_w + h * record_bytes + (int64_t)kh * K * 2);
+    constexpr int COPY_WARP = THREADS > 32 ? 1 : 0; /* beside warp 0's scan where there are two warps */
+    if (!flush && append && vh % per_key == 0 && tid / 32 == COPY_WARP) { /* record h's k, once per key head */
+        const uint4 *from = reinterpret_cast<const uint4 *>(k_in);
+        uint4 *to = reinterpret_cast<uint4 *>(append + (int64_t)kh * K * 2);
         for (int c = lane; c < K * 2 / 16; c += 32) to[c] = from[c];
     }
+}
+
+template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) ring_decode_prep_kernel(const gdn__layer_params p)
+{
+    __shared__ float dot_k[GDN_MAX_RING_LENGTH], dot_q[GDN_MAX_RING_LENGTH], norm_of[GDN_MAX_RING_LENGTH + 1],
+        logd[GDN_MAX_RING_LENGTH + 1];
+    const int vh = blockIdx.x;
+    const int64_t i = blockIdx.y;
+    const int64_t r = p.read_slots[i];
+    const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
+    if (p.overlap_preceding) gdn__wait_preceding();
+    gdn__allow_dependents();
+    if (r < 0 || gdn__row_slots_invalid(r, w, p.num_slots)) return; /* padding: kernel 2 reads nothing */
+
+    const int HV = p.HV, HK = p.HK, C = p.ring_capacity, kh = vh / (HV / HK);
+    /* What does not depend on the record count first: the token's a and b (k and q in prepare_decode). */
+    const I own_a = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, 0, vh)];
+    const float own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, 0, vh)]);
+    const int h = min(max(p.ring_count[r], 0), C);
+    const bool flush = r != w || h + 1 >= p.ring_length;
+    const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, p.V), a_offset = gdn__ring_a_offset(HK, K);
+    const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
+    char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
+    prepare_decode<K, I, PREP_THREADS>(
+        p, (int)threadIdx.x, vh, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, 0, kh),
+        static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, 0, kh),
+        [&](int j) { return reinterpret_cast<const I *>(ring_r + j * record_bytes) + (int64_t)kh * K; },
+        [&](int j) { return reinterpret_cast<const I *>(ring_r + j * record_bytes + a_offset)[vh]; }, own_a, own_b,
+        expf(p.A_log[vh]), p.dt_bias[vh], h, flush,
+        ring_w + h * record_bytes, p.ring_prep + (i * HV + vh) * gdn__ring_prep_floats(C), dot_k, dot_q, norm_of, logd,
+        [] { __syncthreads(); });
 }
 
 /* 1'. The verify's preparation (a chain of T = 2..TM tokens, TM 4 or GDN__RING_VERIFY_MAX_TOKENS): a CTA per (row,
@@ -561,17 +579,25 @@ template <int K, typename S, bool MMA, int TOK = 1> struct stream_layout {
     static constexpr int R = MMA ? GROUP_WARPS * 16 : GROUP_WARPS * Geo::ROWS_PER_WARP; /* state rows an item */
     static constexpr int U_STRIDE = MMA ? R + 8 : R + 4; /* floats between records' u rows (bank spread) */
     static constexpr int TOKENS = TOK;
-    int64_t tile, prep, u, krec, kin, qin, vin, bytes;
+    /* The tensor-core decode prepares its token in the stage, each consumer warp its own copy in its
+     * prep block (prepare_decode; no barrier between the group's warps), from the records' k and a (the
+     * 16 bytes holding the head's); the other forms copy what a preparation kernel wrote. */
+    static constexpr bool PREPARES = MMA && TOK == 1;
+    int64_t tile, prep, prep_pitch, u, krec, kin, qin, vin, arec, bytes;
     __host__ __device__ stream_layout(int C)
     {
         tile = STREAM_HEADER_BYTES;
         prep = tile + (int64_t)R * K * sizeof(S);
-        u = prep + (int64_t)stream_prep_floats<TOK>(C) * 4;
+        /* a warp's block: the coefficients, then the cumulative decays' scratch (C + 1 floats) */
+        prep_pitch = PREPARES ? ((int64_t)stream_prep_floats<TOK>(C) * 4 + ((int64_t)C + 1) * 4 + 15) / 16 * 16
+                              : (int64_t)stream_prep_floats<TOK>(C) * 4;
+        u = prep + prep_pitch * (PREPARES ? GROUP_WARPS : 1);
         krec = u + (int64_t)C * U_STRIDE * 4;
         kin = krec + (int64_t)C * K * 2;
         qin = kin + TOK * K * 2;
         vin = qin + TOK * K * 2;
-        bytes = vin + (TOK * R * 2 + 15) / 16 * 16;
+        arec = vin + (TOK * R * 2 + 15) / 16 * 16;
+        bytes = arec + (PREPARES ? (int64_t)C * 16 : 0);
     }
 };
 
@@ -663,7 +689,8 @@ struct item_walk {
     }
 };
 
-enum { ITEM_READ, ITEM_WRITE, ITEM_KIND }; /* header ints; kind: 0 padding, 1 out of range, 2 a row */
+/* header ints; kind: 0 padding, 1 out of range, 2 a row; a decode's record count and write-back flag */
+enum { ITEM_READ, ITEM_WRITE, ITEM_KIND, ITEM_COUNT, ITEM_FLUSH };
 
 /* acc[nt] += the warp's 16 tile rows (rowA, rowB = rowA + 8) times n-tile nt's 8 B columns, over all K
  * columns, for n-tiles 0..tiles - 1. The reduction visits a row's columns in an order that A and B
@@ -752,7 +779,7 @@ __device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const un
     }
     const int64_t w = reinterpret_cast<const int *>(stage)[ITEM_WRITE];
     const int stride = gdn__ring_prep_stride(C);
-    const float *prep = reinterpret_cast<const float *>(stage + lay.prep);
+    const float *prep = reinterpret_cast<const float *>(stage + lay.prep + (Lay::PREPARES ? warp * lay.prep_pitch : 0));
     const float *fk = prep + PREP_HEADER, *ck = fk + stride, *cq = ck + stride;
     const float *u_s = reinterpret_cast<const float *>(stage + lay.u);
     const I *k_s = reinterpret_cast<const I *>(stage + lay.kin), *q_s = reinterpret_cast<const I *>(stage + lay.qin);
@@ -760,7 +787,6 @@ __device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const un
     const unsigned char *tile_s = stage + lay.tile;
     const int h = (int)prep[PREP_COUNT];
     const bool flush = prep[PREP_FLUSH] != 0.0f;
-    if (head == 0 && tile == 0 && leader) p.ring_count[w] = flush ? 0 : h + 1;
 
     float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
     const I *column = qg == 0 ? k_s : q_s;
@@ -999,9 +1025,14 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             const int k = k0 + lane;
             batch_h = 0, batch_flush = 0;
             if (k < my_count && batch_kind == 2) {
-                const float *prep = p.ring_prep + (int64_t)(item_of(k) / tiles) * prep_floats; /* (row, head) = item / tiles */
-                batch_h = min(max((int)prep[PREP_COUNT], 0), C);
-                batch_flush = prep[PREP_FLUSH] != 0.0f;
+                if constexpr (Lay::PREPARES) { /* the rule of ring_decode_prep_kernel */
+                    batch_h = min(max(p.ring_count[batch_r], 0), C);
+                    batch_flush = batch_r != batch_w || batch_h + 1 >= p.ring_length;
+                } else {
+                    const float *prep = p.ring_prep + (int64_t)(item_of(k) / tiles) * prep_floats; /* (row, head) = item / tiles */
+                    batch_h = min(max((int)prep[PREP_COUNT], 0), C);
+                    batch_flush = prep[PREP_FLUSH] != 0.0f;
+                }
             }
         };
         const auto copy_state = [&](int head, int tile, int r, unsigned char *stage, uint64_t *bar) {
@@ -1040,11 +1071,15 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             }
             if (kind == 2) {
                 const int i = at.i, head = at.head, tile = at.tile, kh = head / (HV / HK);
+                /* a decode prepares from every record's k and a; a verify's write-back needs the k */
+                const bool records_k = Lay::PREPARES || flush;
                 if (lane == 0)
-                    barrier_expect_bytes(&full[s], (uint32_t)prep_floats * 4 + 2 * T * K_BYTES + h * U_BYTES + (flush ? h * K_BYTES : 0));
+                    barrier_expect_bytes(&full[s], (Lay::PREPARES ? 0u : (uint32_t)prep_floats * 4) + 2 * T * K_BYTES + h * U_BYTES +
+                                                       (records_k ? h * K_BYTES : 0));
                 __syncwarp();
                 const char *ring_r = static_cast<const char *>(p.ring) + (int64_t)r * C * record_bytes;
-                if (lane == 0) bulk_copy(stage + lay.prep, p.ring_prep + ((int64_t)i * HV + head) * prep_floats, prep_floats * 4, &full[s]);
+                if (!Lay::PREPARES && lane == 0)
+                    bulk_copy(stage + lay.prep, p.ring_prep + ((int64_t)i * HV + head) * prep_floats, prep_floats * 4, &full[s]);
                 if (lane >= 1 && lane <= 2 * T) { /* lanes 1..T: the tokens' k, T+1..2T: their q */
                     const int t = (lane - 1) % T;
                     if (lane <= T) bulk_copy(stage + lay.kin + t * K_BYTES, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh), K_BYTES, &full[s]);
@@ -1054,7 +1089,8 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                     const char *record = ring_r + lane * record_bytes;
                     bulk_copy(stage + lay.u + lane * Lay::U_STRIDE * 4, record + u_offset + ((int64_t)head * V + tile * R) * 4, U_BYTES,
                               &full[s]);
-                    if (flush) bulk_copy(stage + lay.krec + lane * K_BYTES, record + kh * K_BYTES, K_BYTES, &full[s]);
+                    if (records_k) bulk_copy(stage + lay.krec + lane * K_BYTES, record + kh * K_BYTES, K_BYTES, &full[s]);
+                    if (Lay::PREPARES) gdn__copy_async16(stage + lay.arec + lane * 16, record + gdn__ring_a_offset(HK, K) + head * 2 / 16 * 16);
                 }
                 for (int c = lane; c < T * R / 2; c += 32) {
                     const int t = c / (R / 2);
@@ -1064,7 +1100,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             }
             if (lane == 0) {
                 int *header = reinterpret_cast<int *>(stage);
-                header[ITEM_READ] = r, header[ITEM_WRITE] = w, header[ITEM_KIND] = kind;
+                header[ITEM_READ] = r, header[ITEM_WRITE] = w, header[ITEM_KIND] = kind, header[ITEM_COUNT] = h, header[ITEM_FLUSH] = flush;
                 barrier_arrive(&full[s]);
             }
             barrier_arrive_after_copies(&full[s]);
@@ -1086,10 +1122,34 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
          it += GROUPS, at.next(HV, tiles), s += GROUPS, use += s >= stages, s -= s >= stages ? stages : 0) {
         const unsigned char *stage = smem + s * lay.bytes;
         const int i = at.i, head = at.head, tile = at.tile, row0 = tile * R + lrow0;
+        I own_a{};
+        float own_b = 0.0f, A_log = 0.0f, dt_bias = 0.0f;
+        if constexpr (Lay::PREPARES) { /* the token's gate inputs and the head's parameters, loaded beside the wait */
+            own_a = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, 0, head)];
+            own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, 0, head)]);
+            A_log = p.A_log[head], dt_bias = p.dt_bias[head];
+        }
         barrier_wait(&full[s], (unsigned)use & 1);
         const int *header = reinterpret_cast<const int *>(stage);
         const int kind = header[ITEM_KIND];
         const int64_t out_base = gdn__at(p.out_strides, i, 0, head);
+        if constexpr (Lay::PREPARES) {
+            if (kind == 2) { /* each warp prepares the token into its own block: no barrier with the others */
+                float *prep = reinterpret_cast<float *>(smem + s * lay.bytes + lay.prep + gwarp * lay.prep_pitch);
+                const int h = header[ITEM_COUNT], stride = gdn__ring_prep_stride(C);
+                const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
+                const unsigned char *arec_s = stage + lay.arec;
+                /* the group's first warp appends the record */
+                char *append = tile == 0 && gwarp == 0 ? static_cast<char *>(p.ring) + ((int64_t)header[ITEM_WRITE] * C + h) * record_bytes
+                                                       : nullptr;
+                prepare_decode<K, I, 32>(
+                    p, lane, head, reinterpret_cast<const I *>(stage + lay.kin), reinterpret_cast<const I *>(stage + lay.qin),
+                    [&](int j) { return krec_s + j * K; }, [&](int j) { return reinterpret_cast<const I *>(arec_s + j * 16)[head % 8]; },
+                    own_a, own_b, expf(A_log), dt_bias, h, header[ITEM_FLUSH] != 0, append, prep, prep + PREP_HEADER + stride, prep + PREP_HEADER + 2 * stride,
+                    prep + PREP_HEADER, prep + stream_prep_floats<TOK>(C), [] { __syncwarp(); });
+                __syncwarp();
+            }
+        }
         if constexpr (MMA) {
             if constexpr (TOK > 1)
                 consume_mma_verify<K, I, O, Lay>(p, stage, lay, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
@@ -1121,7 +1181,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                     gdn__load_vec<S, EV>(tile_s + (lrow0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
             const int h = (int)prep[PREP_COUNT];
             const bool flush = prep[PREP_FLUSH] != 0.0f;
-            if (head == 0 && tile == 0 && threadIdx.x == 0) p.ring_count[w] = flush ? 0 : h + 1;
+            if (head == 0 && tile == 0 && threadIdx.x == 0) p.ring_count[w] = flush ? 0 : h + 1; /* kernel 1 has read it */
             const auto u_at = [&](int j, int rt) { return u_s[j * Lay::U_STRIDE + lrow0 + rt * G]; };
             float dk[RT], dq[RT];
             row_terms<Geo>(st, kx, qx, prep, ck, cq, h, u_at, glane, dk, dq);
@@ -1144,6 +1204,15 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                 write_back_rows<Geo, I>(st, prep, fk, h, u_at, [&](int m) { return krec_s + m * K; }, u_own, kx, glane);
                 store_rows<K, S, Geo, false>(static_cast<S *>(p.state) + w * p.slot_stride + (int64_t)head * V * K, st, 1.0f,
                                              row0, glane);
+            }
+        }
+        if constexpr (Lay::PREPARES) {
+            /* The row's last item to finish moves the count: every item's producer has read it by then. */
+            if (kind == 2 && gwarp == 0 && lane == 0) {
+                if (atomicAdd(&p.arrivals[i], 1u) + 1u == (unsigned)row_items) {
+                    p.ring_count[header[ITEM_WRITE]] = header[ITEM_FLUSH] ? 0 : header[ITEM_COUNT] + 1;
+                    p.arrivals[i] = 0;
+                }
             }
         }
         __syncwarp();
@@ -1211,14 +1280,17 @@ static bool stream_mma_applies(const gdn__layer_params *p)
 }
 
 template <int K, typename S, typename I, typename O>
-static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream)
+static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream, bool &prepared)
 {
     if constexpr (std::is_same<S, __nv_bfloat16>::value && std::is_same<I, __nv_bfloat16>::value) {
-        if (stream_mma_applies(p)) {
+        if (stream_mma_applies(p)) { /* prepares the tokens itself */
             const gdn_status st = launch_stream_as<K, S, I, O, true>(p, stream);
             if (st != GDN_ENOTSUP) return st;
         }
     }
+    GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0, stream,
+                              p->overlap_preceding != 0, *p));
+    prepared = true;
     return launch_stream_as<K, S, I, O, false>(p, stream);
 }
 
@@ -1269,16 +1341,18 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const int warps = warps_for<Geo>(p, 1, GDN__SMALL_GRID_CTAS);
     if (p->V % (warps * Geo::ROWS_PER_WARP) != 0) return GDN_ENOTSUP;
     const bool overlap = p->overlap_preceding != 0;
-    GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
-                              stream, overlap, *p));
+    bool prepared = false;
     if (stream_state_pass_applies(p)) {
-        const gdn_status streamed = launch_stream<K, S, I, O>(p, stream);
+        const gdn_status streamed = launch_stream<K, S, I, O>(p, stream, prepared);
         if (streamed != GDN_ENOTSUP) {
             if (streamed != GDN_OK) return streamed;
             GDN__CUDA_TRY(gdn__cuda_launch_error());
             return GDN_OK;
         }
     }
+    if (!prepared)
+        GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
+                                  stream, overlap, *p));
     const dim3 grid((unsigned)(p->HV * (p->V / (warps * Geo::ROWS_PER_WARP))), (unsigned)p->B);
     GDN__CUDA_TRY(gdn__launch(ring_decode_state_kernel<K, S, I, O, REGS>, grid, dim3(warps * 32), 0, stream, overlap, *p));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
