@@ -76,6 +76,42 @@ __device__ __forceinline__ void record_k_values(const char *ring_r, int64_t reco
     }
 }
 
+/* d += A B on the tensor cores: A 16 x 16 bf16 (a0..a3), B 16 x 8 bf16 (b0, b1), d 16 x 8 fp32, in the
+ * PTX ISA's m16n8k16 fragment layouts. */
+__device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                                  uint32_t b1)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+/* acc[nt] += the warp's 16 tile rows (rowA, rowB = rowA + 8) times n-tile nt's 8 B columns, over all K
+ * columns, for n-tiles 0..tiles - 1. The reduction visits a row's columns in an order that A and B
+ * share: lane qt reads 8 consecutive columns 32 c + 8 qt .. + 7 of each 32 (one 16-byte read a row,
+ * at most 2-way bank conflicts in the unpadded tile), the first four for MMA step 2 c, the last four
+ * for step 2 c + 1; b_at(nt, col) gives the lane's B column's 16 bytes at col. */
+template <int K, int NT, typename BAt>
+__device__ __forceinline__ void tile_times_columns(const unsigned char *tile_s, int rowA, int rowB, int qt, int tiles, BAt b_at,
+                                                   float (&acc)[NT][4])
+{
+    constexpr int PITCH = K * 2;
+#pragma unroll
+    for (int c32 = 0; c32 < K / 32; c32++) {
+        const int col = c32 * 32 + qt * 8;
+        const uint4 a_top = *reinterpret_cast<const uint4 *>(tile_s + rowA * PITCH + col * 2);
+        const uint4 a_bottom = *reinterpret_cast<const uint4 *>(tile_s + rowB * PITCH + col * 2);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (nt >= tiles) break;
+            const uint4 b = b_at(nt, col);
+            mma_bf16_m16n8k16(acc[nt], a_top.x, a_bottom.x, a_top.y, a_bottom.y, b.x, b.y);
+            mma_bf16_m16n8k16(acc[nt], a_top.z, a_bottom.z, a_top.w, a_bottom.w, b.z, b.w);
+        }
+    }
+}
+
 /* A decode's preparation of one (row, value head), by THREADS threads (tid 0.., whole warps; sync()
  * joins them): the coefficients of the scratch above into out, from the token's raw k and q (k_in,
  * q_in: key head kh), record j's raw k (rec_k(j)) and raw a (rec_a(j)), the token's raw a and b and the
@@ -85,7 +121,7 @@ __device__ __forceinline__ void record_k_values(const char *ring_r, int64_t reco
  * appends the token's a and, once per key head, its k as record h at `append` (nullptr: another caller
  * appends). Warp 0 writes out; the caller syncs before reading it. The preparation kernel reads global
  * memory, the streamed pass its stage. */
-template <int K, typename I, int THREADS, typename RecK, typename RecA, typename Sync>
+template <int K, typename I, int THREADS, bool MMA_DOTS, typename RecK, typename RecA, typename Sync>
 __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int tid, int vh, const I *k_in, const I *q_in, RecK rec_k,
                                                RecA rec_a, I own_a, float own_b, float A, float dt_bias, int h, bool flush, char *append, float *out,
                                                float *dot_k, float *dot_q, float *norm_of, float *logd, Sync sync)
@@ -112,8 +148,40 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
     const float own_l = token_log_decay(gdn__to_f32(own_a), A, dt_bias);
     if (tid == 0) logd[h] = own_l;
 
+    if constexpr (MMA_DOTS) {
+        /* One warp, bf16 records in shared memory at a pitch of K (rec_k(0) the first): 16 records an
+         * m-tile on the tensor cores, times B columns raw k, raw q (n-tile 0) and the records
+         * themselves (n-tiles 1 and 2: the Gram matrix, whose diagonal gives the records' norms). */
+        static_assert(THREADS == 32 && std::is_same<I, __nv_bfloat16>::value, "one warp, bf16");
+        const unsigned char *rec_s = reinterpret_cast<const unsigned char *>(rec_k(0));
+        const int qg = lane >> 2, qt = lane & 3;
+        for (int m0 = 0; m0 < h; m0 += 16) {
+            const unsigned char *tile_s = rec_s + m0 * K * 2;
+            float acc[3][4] = {};
+            tile_times_columns<K>(tile_s, qg, qg + 8, qt, 3,
+                                  [&](int nt, int col) {
+                                      if (nt > 0) return *reinterpret_cast<const uint4 *>(tile_s + ((nt - 1) * 8 + qg) * K * 2 + col * 2);
+                                      return qg < 2 ? *reinterpret_cast<const uint4 *>((qg == 0 ? k_in : q_in) + col) : make_uint4(0u, 0u, 0u, 0u);
+                                  },
+                                  acc);
+            /* record m0 + qg's norm sits on lane 4 qg + qg / 2 (m0 + qg + 8's too), its dot products on lane 4 qg */
+            const float diag_top = qg & 1 ? acc[1][1] : acc[1][0], diag_bottom = qg & 1 ? acc[2][3] : acc[2][2];
+            const float xx_top = __shfl_sync(0xffffffffu, diag_top, 4 * qg + qg / 2);
+            const float xx_bottom = __shfl_sync(0xffffffffu, diag_bottom, 4 * qg + qg / 2);
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int j = m0 + qg + 8 * half;
+                if (qt == 0 && j < h) {
+                    const float rj = p.use_qk_l2norm ? rsqrtf((half ? xx_bottom : xx_top) + 1e-6f) : 1.0f;
+                    dot_k[j] = rj * rk * acc[0][2 * half];
+                    dot_q[j] = rj * rq * acc[0][2 * half + 1];
+                    norm_of[j] = rj;
+                }
+            }
+        }
+    }
     /* The records' k: THREADS / GL at a time (a lane group each), a uniform trip count for the shuffles. */
-    for (int j0 = 0; j0 < h; j0 += THREADS / GL) {
+    for (int j0 = 0; !MMA_DOTS && j0 < h; j0 += THREADS / GL) {
         const int j = j0 + tid / GL;
         float x[KPL];
         if (j < h) {
@@ -199,7 +267,7 @@ template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) rin
     const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, p.V), a_offset = gdn__ring_a_offset(HK, K);
     const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
     char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
-    prepare_decode<K, I, PREP_THREADS>(
+    prepare_decode<K, I, PREP_THREADS, false>(
         p, (int)threadIdx.x, vh, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, 0, kh),
         static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, 0, kh),
         [&](int j) { return reinterpret_cast<const I *>(ring_r + j * record_bytes) + (int64_t)kh * K; },
@@ -593,7 +661,7 @@ template <int K, typename S, bool MMA, int TOK = 1> struct stream_layout {
                               : (int64_t)stream_prep_floats<TOK>(C) * 4;
         u = prep + prep_pitch * (PREPARES ? GROUP_WARPS : 1);
         krec = u + (int64_t)C * U_STRIDE * 4;
-        kin = krec + (int64_t)C * K * 2;
+        kin = krec + (int64_t)(PREPARES ? (C + 15) / 16 * 16 : C) * K * 2; /* whole m-tiles of records (prepare_decode) */
         qin = kin + TOK * K * 2;
         vin = qin + TOK * K * 2;
         arec = vin + (TOK * R * 2 + 15) / 16 * 16;
@@ -602,17 +670,6 @@ template <int K, typename S, bool MMA, int TOK = 1> struct stream_layout {
 };
 
 __device__ __forceinline__ uint32_t shared_address(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-/* d += A B on the tensor cores: A 16 x 16 bf16 (a0..a3), B 16 x 8 bf16 (b0, b1), d 16 x 8 fp32, in the
- * PTX ISA's m16n8k16 fragment layouts. */
-__device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                                  uint32_t b1)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
 __device__ __forceinline__ void barrier_init(uint64_t *bar, unsigned count)
 {
     asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
@@ -692,30 +749,6 @@ struct item_walk {
 /* header ints; kind: 0 padding, 1 out of range, 2 a row; a decode's record count and write-back flag */
 enum { ITEM_READ, ITEM_WRITE, ITEM_KIND, ITEM_COUNT, ITEM_FLUSH };
 
-/* acc[nt] += the warp's 16 tile rows (rowA, rowB = rowA + 8) times n-tile nt's 8 B columns, over all K
- * columns, for n-tiles 0..tiles - 1. The reduction visits a row's columns in an order that A and B
- * share: lane qt reads 8 consecutive columns 32 c + 8 qt .. + 7 of each 32 (one 16-byte read a row,
- * at most 2-way bank conflicts in the unpadded tile), the first four for MMA step 2 c, the last four
- * for step 2 c + 1; b_at(nt, col) gives the lane's B column's 16 bytes at col. */
-template <int K, int NT, typename BAt>
-__device__ __forceinline__ void tile_times_columns(const unsigned char *tile_s, int rowA, int rowB, int qt, int tiles, BAt b_at,
-                                                   float (&acc)[NT][4])
-{
-    constexpr int PITCH = K * 2;
-#pragma unroll
-    for (int c32 = 0; c32 < K / 32; c32++) {
-        const int col = c32 * 32 + qt * 8;
-        const uint4 a_top = *reinterpret_cast<const uint4 *>(tile_s + rowA * PITCH + col * 2);
-        const uint4 a_bottom = *reinterpret_cast<const uint4 *>(tile_s + rowB * PITCH + col * 2);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            if (nt >= tiles) break;
-            const uint4 b = b_at(nt, col);
-            mma_bf16_m16n8k16(acc[nt], a_top.x, a_bottom.x, a_top.y, a_bottom.y, b.x, b.y);
-            mma_bf16_m16n8k16(acc[nt], a_top.z, a_bottom.z, a_top.w, a_bottom.w, b.z, b.w);
-        }
-    }
-}
 
 /* A write-back in the MMA form's layout: rows rowA and rowB of `to` become decay S0 + sum_{m < entries}
  * coef(m, row) k_row(m) over the lane's 8 columns of each 32, CHUNK 32-column groups a pass (what
@@ -1142,7 +1175,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                 /* the group's first warp appends the record */
                 char *append = tile == 0 && gwarp == 0 ? static_cast<char *>(p.ring) + ((int64_t)header[ITEM_WRITE] * C + h) * record_bytes
                                                        : nullptr;
-                prepare_decode<K, I, 32>(
+                prepare_decode<K, I, 32, true>(
                     p, lane, head, reinterpret_cast<const I *>(stage + lay.kin), reinterpret_cast<const I *>(stage + lay.qin),
                     [&](int j) { return krec_s + j * K; }, [&](int j) { return reinterpret_cast<const I *>(arec_s + j * 16)[head % 8]; },
                     own_a, own_b, expf(A_log), dt_bias, h, header[ITEM_FLUSH] != 0, append, prep, prep + PREP_HEADER + stride, prep + PREP_HEADER + 2 * stride,
