@@ -115,15 +115,16 @@ __device__ __forceinline__ void tile_times_columns(const unsigned char *tile_s, 
 /* A decode's preparation of one (row, value head), by THREADS threads (tid 0.., whole warps; sync()
  * joins them): the coefficients of the scratch above into out, from the token's raw k and q (k_in,
  * q_in: key head kh), record j's raw k (rec_k(j)) and raw a (rec_a(j)), the token's raw a and b and the
- * head's A = exp(A_log) and dt_bias, for a
- * ring of h records; dot_k, dot_q, norm_of (h floats, may alias out's ck, cq, fk: each is read and then
- * overwritten by the same thread) and logd (h + 1 floats) are scratch. Unless the row writes back, it
- * appends the token's a and, once per key head, its k as record h at `append` (nullptr: another caller
- * appends). Warp 0 writes out; the caller syncs before reading it. The preparation kernel reads global
- * memory, the streamed pass its stage. */
-template <int K, typename I, int THREADS, bool MMA_DOTS, typename RecK, typename RecA, typename Sync>
-__device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int tid, int vh, const I *k_in, const I *q_in, RecK rec_k,
-                                               RecA rec_a, I own_a, float own_b, float A, float dt_bias, int h, bool flush, char *append, float *out,
+ * head's A_log and dt_bias, for a ring of h records with write-back flag flush (count(h,
+ * flush), read once the token's loads are issued). dot_k, dot_q, norm_of (h floats, may alias out's
+ * ck, cq, fk: each is read and then overwritten by the same thread) and logd (h + 1 floats) are
+ * scratch. Unless the row writes back, it appends the token's a and, once per key head, its k as
+ * record h of the write slot's ring ring_w (nullptr: another caller appends). Warp 0 writes out; the
+ * caller syncs before reading it. The preparation kernel reads global memory, the streamed pass its
+ * stage. */
+template <int K, typename I, int THREADS, bool MMA_DOTS, typename Count, typename RecK, typename RecA, typename Sync>
+__device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int tid, int vh, const I *k_in, const I *q_in, Count count,
+                                               RecK rec_k, RecA rec_a, I own_a, float own_b, float A_log, float dt_bias, char *ring_w, float *out,
                                                float *dot_k, float *dot_q, float *norm_of, float *logd, Sync sync)
 {
     constexpr int GL = K / 16 < 8 ? 8 : K / 16 > 32 ? 32 : K / 16; /* lanes per K-vector: THREADS / GL vectors at once */
@@ -137,6 +138,11 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
         gdn__load_vec<I, 8>(k_in + glane * KPL + e, *reinterpret_cast<float(*)[8]>(&k[e]));
         gdn__load_vec<I, 8>(q_in + glane * KPL + e, *reinterpret_cast<float(*)[8]>(&q[e]));
     }
+    const float A = expf(A_log); /* after the token's loads are issued */
+    int h;
+    bool flush;
+    count(h, flush);
+    char *const append = ring_w ? ring_w + h * gdn__ring_record_bytes(p.HK, p.HV, K, p.V) : nullptr;
     for (int j = tid; j < h; j += THREADS) logd[j] = token_log_decay(gdn__to_f32(rec_a(j)), A, dt_bias);
 
     float kk = 0.0f, qq = 0.0f, kq = 0.0f;
@@ -262,18 +268,19 @@ template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) rin
     /* What does not depend on the record count first: the token's a and b (k and q in prepare_decode). */
     const I own_a = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, 0, vh)];
     const float own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, 0, vh)]);
-    const int h = min(max(p.ring_count[r], 0), C);
-    const bool flush = r != w || h + 1 >= p.ring_length;
     const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, p.V), a_offset = gdn__ring_a_offset(HK, K);
     const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
     char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
     prepare_decode<K, I, PREP_THREADS, false>(
         p, (int)threadIdx.x, vh, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, 0, kh),
         static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, 0, kh),
+        [&](int &h, bool &flush) {
+            h = min(max(p.ring_count[r], 0), C);
+            flush = r != w || h + 1 >= p.ring_length;
+        },
         [&](int j) { return reinterpret_cast<const I *>(ring_r + j * record_bytes) + (int64_t)kh * K; },
         [&](int j) { return reinterpret_cast<const I *>(ring_r + j * record_bytes + a_offset)[vh]; }, own_a, own_b,
-        expf(p.A_log[vh]), p.dt_bias[vh], h, flush,
-        ring_w + h * record_bytes, p.ring_prep + (i * HV + vh) * gdn__ring_prep_floats(C), dot_k, dot_q, norm_of, logd,
+        p.A_log[vh], p.dt_bias[vh], ring_w, p.ring_prep + (i * HV + vh) * gdn__ring_prep_floats(C), dot_k, dot_q, norm_of, logd,
         [] { __syncthreads(); });
 }
 
@@ -647,19 +654,21 @@ template <int K, typename S, bool MMA, int TOK = 1> struct stream_layout {
     static constexpr int R = MMA ? GROUP_WARPS * 16 : GROUP_WARPS * Geo::ROWS_PER_WARP; /* state rows an item */
     static constexpr int U_STRIDE = MMA ? R + 8 : R + 4; /* floats between records' u rows (bank spread) */
     static constexpr int TOKENS = TOK;
-    /* The tensor-core decode prepares its token in the stage, each consumer warp its own copy in its
-     * prep block (prepare_decode; no barrier between the group's warps), from the records' k and a (the
-     * 16 bytes holding the head's); the other forms copy what a preparation kernel wrote. */
+    /* The tensor-core decode prepares its token itself: each consumer warp its own copy, in its own
+     * block after the stages (prepare_decode; no barrier between the group's warps), from the records'
+     * k and a (the 16 bytes holding the head's) staged with the item; a group takes a (row, value
+     * head)'s tiles in a row, so that the first tile's preparation serves the others. The other forms
+     * copy into each stage what a preparation kernel wrote. */
     static constexpr bool PREPARES = MMA && TOK == 1;
-    int64_t tile, prep, prep_pitch, u, krec, kin, qin, vin, arec, bytes;
+    int64_t tile, prep, prep_pitch, u, krec, kin, qin, vin, arec, bytes, warp_blocks;
     __host__ __device__ stream_layout(int C)
     {
         tile = STREAM_HEADER_BYTES;
         prep = tile + (int64_t)R * K * sizeof(S);
         /* a warp's block: the coefficients, then the cumulative decays' scratch (C + 1 floats) */
-        prep_pitch = PREPARES ? ((int64_t)stream_prep_floats<TOK>(C) * 4 + ((int64_t)C + 1) * 4 + 15) / 16 * 16
-                              : (int64_t)stream_prep_floats<TOK>(C) * 4;
-        u = prep + prep_pitch * (PREPARES ? GROUP_WARPS : 1);
+        prep_pitch = ((int64_t)stream_prep_floats<TOK>(C) * 4 + ((int64_t)C + 1) * 4 + 15) / 16 * 16;
+        warp_blocks = PREPARES ? STREAM_CONSUMER_WARPS * prep_pitch : 0; /* after the stages */
+        u = prep + (PREPARES ? 0 : (int64_t)stream_prep_floats<TOK>(C) * 4);
         krec = u + (int64_t)C * U_STRIDE * 4;
         kin = krec + (int64_t)(PREPARES ? (C + 15) / 16 * 16 : C) * K * 2; /* whole m-tiles of records (prepare_decode) */
         qin = kin + TOK * K * 2;
@@ -746,6 +755,25 @@ struct item_walk {
     }
 };
 
+/* A consumer group's walk: units blockIdx.x + (g + GROUPS k) gridDim.x, k = 0, 1, ... of the grid's units,
+ * a unit one (row, value head, tile) item, or with runs a (row, value head) whose tiles come in a row. */
+struct group_walk {
+    item_walk at;
+    int tile, run;
+    __device__ group_walk(int start, int step, int HV, int tiles, bool runs)
+        : at(start, step, HV, runs ? 1 : tiles), tile(runs ? 0 : at.tile), run(runs ? tiles : 0)
+    {
+    }
+    __device__ __forceinline__ void next(int HV, int tiles)
+    {
+        if (run) {
+            if (++tile == run) tile = 0, at.next(HV, 1);
+        } else {
+            at.next(HV, tiles), tile = at.tile;
+        }
+    }
+};
+
 /* header ints; kind: 0 padding, 1 out of range, 2 a row; a decode's record count and write-back flag */
 enum { ITEM_READ, ITEM_WRITE, ITEM_KIND, ITEM_COUNT, ITEM_FLUSH };
 
@@ -796,8 +824,8 @@ __device__ __forceinline__ void write_back_mma_rows(const unsigned char *tile_s,
  * raw k, column 1 its raw q, the rest zero: the quad's lane 0 gets S0.k and S0.q of both rows, the others zeros, and the
  * records' terms (record j on lane j mod 4) join them in one quad sum. */
 template <int K, typename I, typename O, typename Lay>
-__device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const unsigned char *stage, const Lay &lay, int kind,
-                                            int64_t i, int head, int tile, int64_t out_base, int warp, int lane, bool leader)
+__device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const unsigned char *stage, const Lay &lay, const float *prep,
+                                            int kind, int64_t i, int head, int tile, int64_t out_base, int warp, int lane, bool leader)
 {
     using S = __nv_bfloat16;
     constexpr int R = Lay::R, US = Lay::U_STRIDE;
@@ -812,7 +840,6 @@ __device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const un
     }
     const int64_t w = reinterpret_cast<const int *>(stage)[ITEM_WRITE];
     const int stride = gdn__ring_prep_stride(C);
-    const float *prep = reinterpret_cast<const float *>(stage + lay.prep + (Lay::PREPARES ? warp * lay.prep_pitch : 0));
     const float *fk = prep + PREP_HEADER, *ck = fk + stride, *cq = ck + stride;
     const float *u_s = reinterpret_cast<const float *>(stage + lay.u);
     const I *k_s = reinterpret_cast<const I *>(stage + lay.kin), *q_s = reinterpret_cast<const I *>(stage + lay.qin);
@@ -1005,7 +1032,7 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
 
 template <int K, typename S, typename I, typename O, bool MMA, int TOK>
 __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_CTAS_PER_SM)
-    ring_decode_stream_kernel(const gdn__layer_params p, int stages)
+    ring_decode_stream_kernel(const gdn__layer_params p, int stages, bool runs)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using Lay = stream_layout<K, S, MMA, TOK>;
@@ -1021,8 +1048,18 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
     const int C = p.ring_capacity, HV = p.HV, HK = p.HK, V = p.V;
     const Lay lay(C);
     const int tiles = V / R, row_items = HV * tiles;
-    const int items = p.B * row_items; /* < 2^31: B <= 65535, HV * V <= 2^20 */
-    const int my_items = items > (int)blockIdx.x ? (items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    constexpr int GROUPS = stream_groups<MMA>();
+    /* runs: a group takes a (row, value head)'s tiles in a row (group_walk), on grids with a unit for
+     * every group (launch_stream_as) */
+    const int run = runs ? tiles : 1;
+    const int units = p.B * (runs ? HV : row_items); /* < 2^31: B <= 65535, HV * V <= 2^20 */
+    const int my_units = units > (int)blockIdx.x ? (units - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    /* group g's items, and the (row, value head) of its k-th */
+    const auto group_items = [&](int g) { return (my_units > g ? (my_units - g + GROUPS - 1) / GROUPS : 0) * run; };
+    const auto pair_of = [&](int g, int k) {
+        const int unit = (int)blockIdx.x + (g + GROUPS * (k / run)) * (int)gridDim.x;
+        return runs ? unit : unit / tiles;
+    };
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, V), u_offset = gdn__ring_u_offset(HK, HV, K);
     const int prep_floats = stream_prep_floats<TOK>(C);
@@ -1034,21 +1071,18 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
     }
     __syncthreads();
 
-    constexpr int GROUPS = stream_groups<MMA>();
     if (warp >= STREAM_CONSUMER_WARPS) {
-        /* Producer of consumer group pg: the CTA's items it = pg, pg + GROUPS, ... (its k-th item is
-         * it = pg + GROUPS k) into that group's stages. Lane j holds the slots (and, after the wait,
-         * the record count and write-back flag) of its item k0 + j; items are shared round-robin over
-         * the grid. */
+        /* Producer of consumer group pg: the group's items (group_walk) into that group's stages. Lane
+         * j holds the slots (and, after the wait, the record count and write-back flag) of its item
+         * k0 + j; units are shared round-robin over the grid. */
         const int pg = warp - STREAM_CONSUMER_WARPS;
-        const int my_count = my_items > pg ? (my_items - pg + GROUPS - 1) / GROUPS : 0;
+        const int my_count = group_items(pg);
         int batch_r = -1, batch_w = -1, batch_h = 0, batch_flush = 0, batch_kind = 0;
-        const auto item_of = [&](int k) { return (int)blockIdx.x + (pg + GROUPS * k) * (int)gridDim.x; };
         const auto load_slots = [&](int k0) {
             const int k = k0 + lane;
             batch_kind = 0, batch_r = -1, batch_w = -1;
             if (k < my_count) {
-                const int i = item_of(k) / row_items;
+                const int i = pair_of(pg, k) / HV;
                 batch_r = p.read_slots[i];
                 batch_w = p.write_slots ? p.write_slots[i] : batch_r;
                 batch_kind = batch_r < 0 ? 0 : gdn__row_slots_invalid(batch_r, batch_w, p.num_slots) ? 1 : 2;
@@ -1062,7 +1096,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                     batch_h = min(max(p.ring_count[batch_r], 0), C);
                     batch_flush = batch_r != batch_w || batch_h + 1 >= p.ring_length;
                 } else {
-                    const float *prep = p.ring_prep + (int64_t)(item_of(k) / tiles) * prep_floats; /* (row, head) = item / tiles */
+                    const float *prep = p.ring_prep + (int64_t)pair_of(pg, k) * prep_floats;
                     batch_h = min(max((int)prep[PREP_COUNT], 0), C);
                     batch_flush = prep[PREP_FLUSH] != 0.0f;
                 }
@@ -1078,13 +1112,13 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
         load_slots(0);
         const int per_group = stages / GROUPS; /* the group's stages: pg, pg + GROUPS, ... */
         const int first = my_count < per_group ? my_count : per_group;
-        item_walk at((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles);
+        group_walk at((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles, runs);
         for (int k = 0; k < first; k++, at.next(HV, tiles)) {
             const int r = __shfl_sync(0xffffffffu, batch_r, k);
             const int st = pg + GROUPS * k;
-            if (__shfl_sync(0xffffffffu, batch_kind, k) == 2) copy_state(at.head, at.tile, r, smem + st * lay.bytes, &full[st]);
+            if (__shfl_sync(0xffffffffu, batch_kind, k) == 2) copy_state(at.at.head, at.tile, r, smem + st * lay.bytes, &full[st]);
         }
-        at = item_walk((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles);
+        at = group_walk((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles, runs);
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
         load_counts(0);
@@ -1100,10 +1134,10 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             const bool flush = __shfl_sync(0xffffffffu, batch_flush, j) != 0;
             if (use > 0) {
                 barrier_wait(&empty[s], (unsigned)(use - 1) & 1);
-                if (kind == 2) copy_state(at.head, at.tile, r, stage, &full[s]);
+                if (kind == 2) copy_state(at.at.head, at.tile, r, stage, &full[s]);
             }
             if (kind == 2) {
-                const int i = at.i, head = at.head, tile = at.tile, kh = head / (HV / HK);
+                const int i = at.at.i, head = at.at.head, tile = at.tile, kh = head / (HV / HK);
                 /* a decode prepares from every record's k and a; a verify's write-back needs the k */
                 const bool records_k = Lay::PREPARES || flush;
                 if (lane == 0)
@@ -1144,20 +1178,24 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
     /* Consumers. */
     if (p.overlap_preceding) gdn__wait_preceding();
     gdn__allow_dependents();
-    const int cgroup = warp / Lay::GROUP_WARPS, gwarp = warp % Lay::GROUP_WARPS; /* items cgroup, cgroup + GROUPS, ... */
+    const int cgroup = warp / Lay::GROUP_WARPS, gwarp = warp % Lay::GROUP_WARPS; /* the group's walk: group_walk */
     const int group = lane / L, glane = lane % L;
     const int lrow0 = gwarp * Geo::ROWS_PER_WARP + group; /* the thread's rows in a tile: lrow0 + rt * G */
     const int stride = gdn__ring_prep_stride(C);
     O *out = static_cast<O *>(p.out);
-    item_walk at((int)blockIdx.x + cgroup * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles);
+    group_walk at((int)blockIdx.x + cgroup * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles, runs);
+    const int my_count = group_items(cgroup);
+    /* the warp's preparation block (the tensor-core decode) */
+    float *const warp_prep = reinterpret_cast<float *>(smem + stages * lay.bytes + warp * lay.prep_pitch);
     /* stages is a multiple of GROUPS (launch_stream_as), so stage s serves one group only */
-    for (int it = cgroup, s = cgroup, use = 0; it < my_items;
-         it += GROUPS, at.next(HV, tiles), s += GROUPS, use += s >= stages, s -= s >= stages ? stages : 0) {
+    for (int it = 0, s = cgroup, use = 0; it < my_count;
+         it++, at.next(HV, tiles), s += GROUPS, use += s >= stages, s -= s >= stages ? stages : 0) {
         const unsigned char *stage = smem + s * lay.bytes;
-        const int i = at.i, head = at.head, tile = at.tile, row0 = tile * R + lrow0;
+        const int i = at.at.i, head = at.at.head, tile = at.tile, row0 = tile * R + lrow0;
         I own_a{};
         float own_b = 0.0f, A_log = 0.0f, dt_bias = 0.0f;
-        if constexpr (Lay::PREPARES) { /* the token's gate inputs and the head's parameters, loaded beside the wait */
+        const bool prepare = Lay::PREPARES && (tile == 0 || !runs); /* a run's first tile prepares for the others */
+        if (prepare) { /* the token's gate inputs and the head's parameters, loaded beside the wait */
             own_a = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, 0, head)];
             own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, 0, head)]);
             A_log = p.A_log[head], dt_bias = p.dt_bias[head];
@@ -1167,18 +1205,17 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
         const int kind = header[ITEM_KIND];
         const int64_t out_base = gdn__at(p.out_strides, i, 0, head);
         if constexpr (Lay::PREPARES) {
-            if (kind == 2) { /* each warp prepares the token into its own block: no barrier with the others */
-                float *prep = reinterpret_cast<float *>(smem + s * lay.bytes + lay.prep + gwarp * lay.prep_pitch);
+            if (kind == 2 && prepare) { /* each warp prepares the token into its own block: no barrier with the others */
+                float *const prep = warp_prep;
                 const int h = header[ITEM_COUNT], stride = gdn__ring_prep_stride(C);
                 const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
                 const unsigned char *arec_s = stage + lay.arec;
-                /* the group's first warp appends the record */
-                char *append = tile == 0 && gwarp == 0 ? static_cast<char *>(p.ring) + ((int64_t)header[ITEM_WRITE] * C + h) * record_bytes
-                                                       : nullptr;
+                /* the group's first warp of the row's first tile appends the record */
+                char *ring_w = tile == 0 && gwarp == 0 ? static_cast<char *>(p.ring) + (int64_t)header[ITEM_WRITE] * C * record_bytes : nullptr;
                 prepare_decode<K, I, 32, true>(
                     p, lane, head, reinterpret_cast<const I *>(stage + lay.kin), reinterpret_cast<const I *>(stage + lay.qin),
-                    [&](int j) { return krec_s + j * K; }, [&](int j) { return reinterpret_cast<const I *>(arec_s + j * 16)[head % 8]; },
-                    own_a, own_b, expf(A_log), dt_bias, h, header[ITEM_FLUSH] != 0, append, prep, prep + PREP_HEADER + stride, prep + PREP_HEADER + 2 * stride,
+                    [&](int &count, bool &flush) { count = h, flush = header[ITEM_FLUSH] != 0; }, [&](int j) { return krec_s + j * K; }, [&](int j) { return reinterpret_cast<const I *>(arec_s + j * 16)[head % 8]; },
+                    own_a, own_b, A_log, dt_bias, ring_w, prep, prep + PREP_HEADER + stride, prep + PREP_HEADER + 2 * stride,
                     prep + PREP_HEADER, prep + stream_prep_floats<TOK>(C), [] { __syncwarp(); });
                 __syncwarp();
             }
@@ -1187,7 +1224,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             if constexpr (TOK > 1)
                 consume_mma_verify<K, I, O, Lay>(p, stage, lay, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
             else
-                consume_mma<K, I, O, Lay>(p, stage, lay, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
+                consume_mma<K, I, O, Lay>(p, stage, lay, warp_prep, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
         } else if (kind != 2) {
             if (kind == 1 && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
             if (glane == 0)
@@ -1276,20 +1313,24 @@ static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stre
     GDN__CUDA_TRY(cudaDeviceGetAttribute(&per_block_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     int64_t budget = per_sm_bytes / STREAM_CTAS_PER_SM - 2048; /* the runtime's reserve and the static barriers */
     if (budget > per_block_bytes) budget = per_block_bytes;
-    int64_t stages = budget / lay.bytes;
+    int64_t stages = (budget - lay.warp_blocks) / lay.bytes;
     if (stages > STREAM_MAX_STAGES) stages = STREAM_MAX_STAGES;
     /* Each consumer group keeps to its own stages: a stage's phases must not be waited on by a group
      * that could run a whole phase ahead of the other group's use of it (parity waits). */
     stages -= stages % stream_groups<MMA>();
     if (stages < 2) return GDN_ENOTSUP;
-    const int64_t items = (int64_t)p->B * p->HV * (p->V / Lay::R);
+    /* The tensor-core decode's groups take whole (row, value head) runs where there is one for each
+     * group (group_walk); on smaller grids a run's tiles would wait on one another. */
+    const int64_t pairs = (int64_t)p->B * p->HV, groups = (int64_t)sms * STREAM_CTAS_PER_SM * stream_groups<MMA>();
+    const bool runs = Lay::PREPARES && pairs >= groups;
+    const int64_t units = runs ? pairs : pairs * (p->V / Lay::R);
     int64_t ctas = (int64_t)sms * STREAM_CTAS_PER_SM;
-    if (ctas > items) ctas = items;
-    const int smem = (int)(stages * lay.bytes);
+    if (ctas > units) ctas = units;
+    const int smem = (int)(stages * lay.bytes + lay.warp_blocks);
     static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
     GDN__CUDA_TRY(gdn__opt_in_shared(ring_decode_stream_kernel<K, S, I, O, MMA, TOK>, (int)budget, opted_in));
     GDN__CUDA_TRY(gdn__launch(ring_decode_stream_kernel<K, S, I, O, MMA, TOK>, dim3((unsigned)ctas), dim3(STREAM_THREADS(stream_groups<MMA>())), smem, stream,
-                              p->overlap_preceding != 0, *p, (int)stages));
+                              p->overlap_preceding != 0, *p, (int)stages, runs));
     return GDN_OK;
 }
 
