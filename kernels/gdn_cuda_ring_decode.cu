@@ -13,7 +13,9 @@
  *      (lane j mod L takes record j's u) in one lane-group sum. A row that writes back (ring full,
  *      or write slot != read slot) writes S_{h+1} in the same pass. It moves the count.
  *   2'. or, on mid-size and large grids with sm_90 code, ring_decode_stream_kernel: the same math,
- *      with the state tiles streamed into shared memory by producer warps (section 2').
+ *      with the state tiles streamed into shared memory by producer warps (section 2'). Its
+ *      tensor-core form (bf16 state and inputs) runs alone: each consumer warp prepares its item's
+ *      token itself (prepare_decode, the same math as kernel 1), from records staged with the item.
  * Kernel 2 launches while kernel 1 runs (programmatic dependent launch, when the layer's launch asks
  * for overlap) and waits for it only after its state loads are issued.
  */
@@ -623,8 +625,12 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6)) ring_decode_state_k
  * memory (with bf16 state and inputs: on the tensor cores, in two groups of four on alternate items,
  * a producer warp each; see stream_layout). So the state bytes in flight do not end when a CTA's
  * loads do, and the stores and the records' latency run while the next items stream in. The state
- * copies of the first stages are issued before the wait for the preparation kernel. Bulk copies and
- * mbarrier transaction counts need sm_90; it runs on the grids stream_state_pass_applies names. */
+ * copies of the first stages are issued before the wait for the preceding kernel. The tensor-core
+ * decode has no preparation kernel: the producer reads the record count and stages every record's k
+ * and a instead of a preparation block, each consumer warp prepares (records' dot products on the
+ * tensor cores), a group takes a row-head's tiles in a row on large grids (group_walk), and the
+ * row's last item to finish moves the count. Bulk copies and mbarrier transaction counts need sm_90;
+ * it runs on the grids stream_state_pass_applies names. */
 
 #define STREAM_CONSUMER_WARPS 8
 /* A producer warp for each consumer group (stream_groups) */
