@@ -63,13 +63,11 @@ __device__ __forceinline__ float warp_inclusive_sum(float x, int lane)
     return x;
 }
 
-/* The lane's KPL values (from element `first`) of record j's raw k, zeros for j >= h (the lane group
- * still joins its shuffles). */
-template <int KPL, typename I>
-__device__ __forceinline__ void record_k_values(const char *ring_r, int64_t record_bytes, int j, int h, int64_t first, float (&x)[KPL])
+/* The lane's KPL values of a record's raw k from rec (global or shared memory), zeros where the record
+ * is not live (j >= h: the lane group still joins its shuffles; rec is not read). */
+template <int KPL, typename I> __device__ __forceinline__ void record_k_values(const I *rec, bool live, float (&x)[KPL])
 {
-    if (j < h) {
-        const I *rec = reinterpret_cast<const I *>(ring_r + j * record_bytes) + first;
+    if (live) {
 #pragma unroll
         for (int e = 0; e < KPL; e += 8) gdn__load_vec<I, 8>(rec + e, *reinterpret_cast<float(*)[8]>(&x[e]));
     } else {
@@ -192,13 +190,7 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
     for (int j0 = 0; !MMA_DOTS && j0 < h; j0 += THREADS / GL) {
         const int j = j0 + tid / GL;
         float x[KPL];
-        if (j < h) {
-#pragma unroll
-            for (int e = 0; e < KPL; e += 8) gdn__load_vec<I, 8>(rec_k(j) + glane * KPL + e, *reinterpret_cast<float(*)[8]>(&x[e]));
-        } else {
-#pragma unroll
-            for (int e = 0; e < KPL; e++) x[e] = 0.0f;
-        }
+        record_k_values<KPL, I>(rec_k(j) + glane * KPL, j < h, x);
         float xx = 0.0f, xk = 0.0f, xq = 0.0f;
 #pragma unroll
         for (int e = 0; e < KPL; e++) xx = fmaf(x[e], x[e], xx), xk = fmaf(x[e], k[e], xk), xq = fmaf(x[e], q[e], xq);
@@ -254,17 +246,25 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
     }
 }
 
+/* A preparation CTA's row i: its read and write slots, read before the wait for the preceding kernel;
+ * false for a padding or out-of-range row (the state pass reads nothing of it). */
+__device__ __forceinline__ bool prep_row_slots(const gdn__layer_params &p, int64_t i, int64_t &r, int64_t &w)
+{
+    r = p.read_slots[i];
+    w = p.write_slots ? (int64_t)p.write_slots[i] : r;
+    if (p.overlap_preceding) gdn__wait_preceding();
+    gdn__allow_dependents();
+    return r >= 0 && !gdn__row_slots_invalid(r, w, p.num_slots);
+}
+
 template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) ring_decode_prep_kernel(const gdn__layer_params p)
 {
     __shared__ float dot_k[GDN_MAX_RING_LENGTH], dot_q[GDN_MAX_RING_LENGTH], norm_of[GDN_MAX_RING_LENGTH + 1],
         logd[GDN_MAX_RING_LENGTH + 1];
     const int vh = blockIdx.x;
     const int64_t i = blockIdx.y;
-    const int64_t r = p.read_slots[i];
-    const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
-    if (p.overlap_preceding) gdn__wait_preceding();
-    gdn__allow_dependents();
-    if (r < 0 || gdn__row_slots_invalid(r, w, p.num_slots)) return; /* padding: kernel 2 reads nothing */
+    int64_t r, w;
+    if (!prep_row_slots(p, i, r, w)) return;
 
     const int HV = p.HV, HK = p.HK, C = p.ring_capacity, kh = vh / (HV / HK);
     /* What does not depend on the record count first: the token's a and b (k and q in prepare_decode). */
@@ -314,11 +314,8 @@ template <int K, typename I, int TM> __global__ void __launch_bounds__(PREP_THRE
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = threadIdx.x / GL, glane = threadIdx.x % GL;
     const int vh = blockIdx.x;
     const int64_t i = blockIdx.y;
-    const int64_t r = p.read_slots[i];
-    const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
-    if (p.overlap_preceding) gdn__wait_preceding();
-    gdn__allow_dependents();
-    if (r < 0 || gdn__row_slots_invalid(r, w, p.num_slots)) return; /* padding: kernel 2 reads nothing */
+    int64_t r, w;
+    if (!prep_row_slots(p, i, r, w)) return;
 
     const int HV = p.HV, HK = p.HK, C = p.ring_capacity, T = p.T, per_key = HV / HK, kh = vh / per_key;
     const int stride = gdn__ring_prep_stride(C), TB = gdn__ring_verify_token_floats(C, TM);
@@ -367,7 +364,7 @@ template <int K, typename I, int TM> __global__ void __launch_bounds__(PREP_THRE
     for (int j0 = 0; j0 < h; j0 += GROUPS) {
         const int j = j0 + group;
         float x[KPL], y[KPL];
-        record_k_values<KPL, I>(ring_r, record_bytes, j, h, (int64_t)kh * K + glane * KPL, x);
+        record_k_values<KPL, I>(reinterpret_cast<const I *>(ring_r + j * record_bytes) + (int64_t)kh * K + glane * KPL, j < h, x);
         const float xx = dot(x, x);
         if (j < h && glane == 0) rec_norm[j] = p.use_qk_l2norm ? rsqrtf(xx + 1e-6f) : 1.0f;
         for (int m = 0; m < 2 * T; m++) {
@@ -782,7 +779,6 @@ struct group_walk {
 
 /* header ints; kind: 0 padding, 1 out of range, 2 a row; a decode's record count and write-back flag */
 enum { ITEM_READ, ITEM_WRITE, ITEM_KIND, ITEM_COUNT, ITEM_FLUSH };
-
 
 /* A write-back in the MMA form's layout: rows rowA and rowB of `to` become decay S0 + sum_{m < entries}
  * coef(m, row) k_row(m) over the lane's 8 columns of each 32, CHUNK 32-column groups a pass (what
@@ -1213,14 +1209,15 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
         if constexpr (Lay::PREPARES) {
             if (kind == 2 && prepare) { /* each warp prepares the token into its own block: no barrier with the others */
                 float *const prep = warp_prep;
-                const int h = header[ITEM_COUNT], stride = gdn__ring_prep_stride(C);
+                const int h = header[ITEM_COUNT];
                 const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
                 const unsigned char *arec_s = stage + lay.arec;
                 /* the group's first warp of the row's first tile appends the record */
                 char *ring_w = tile == 0 && gwarp == 0 ? static_cast<char *>(p.ring) + (int64_t)header[ITEM_WRITE] * C * record_bytes : nullptr;
                 prepare_decode<K, I, 32, true>(
                     p, lane, head, reinterpret_cast<const I *>(stage + lay.kin), reinterpret_cast<const I *>(stage + lay.qin),
-                    [&](int &count, bool &flush) { count = h, flush = header[ITEM_FLUSH] != 0; }, [&](int j) { return krec_s + j * K; }, [&](int j) { return reinterpret_cast<const I *>(arec_s + j * 16)[head % 8]; },
+                    [&](int &count, bool &flush) { count = h, flush = header[ITEM_FLUSH] != 0; },
+                    [&](int j) { return krec_s + j * K; }, [&](int j) { return reinterpret_cast<const I *>(arec_s + j * 16)[head % 8]; },
                     own_a, own_b, A_log, dt_bias, ring_w, prep, prep + PREP_HEADER + stride, prep + PREP_HEADER + 2 * stride,
                     prep + PREP_HEADER, prep + stream_prep_floats<TOK>(C), [] { __syncwarp(); });
                 __syncwarp();
@@ -1303,9 +1300,10 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
 /* Launcher                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* The streamed state pass's launch: STREAM_CTAS_PER_SM CTAs an SM, as many stages as the shared
- * memory of each holds, up to STREAM_MAX_STAGES; GDN_ENOTSUP when fewer than two fit or the tile does
- * not divide V (the register state pass runs then). */
+/* The streamed state pass's launch, after the preparation kernel its form reads (none for the
+ * tensor-core decode): STREAM_CTAS_PER_SM CTAs an SM, as many stages as the shared memory of each
+ * holds, up to STREAM_MAX_STAGES; GDN_ENOTSUP, having launched nothing, when fewer than two fit or the
+ * tile does not divide V (the register state pass runs then). */
 template <int K, typename S, typename I, typename O, bool MMA, int TOK = 1>
 static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stream)
 {
@@ -1335,6 +1333,13 @@ static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stre
     const int smem = (int)(stages * lay.bytes + lay.warp_blocks);
     static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
     GDN__CUDA_TRY(gdn__opt_in_shared(ring_decode_stream_kernel<K, S, I, O, MMA, TOK>, (int)budget, opted_in));
+    if constexpr (TOK > 1) {
+        GDN__CUDA_TRY(gdn__launch(ring_verify_prep_kernel<K, I, TOK>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
+                                  stream, p->overlap_preceding != 0, *p));
+    } else if constexpr (!Lay::PREPARES) {
+        GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0, stream,
+                                  p->overlap_preceding != 0, *p));
+    }
     GDN__CUDA_TRY(gdn__launch(ring_decode_stream_kernel<K, S, I, O, MMA, TOK>, dim3((unsigned)ctas), dim3(STREAM_THREADS(stream_groups<MMA>())), smem, stream,
                               p->overlap_preceding != 0, *p, (int)stages, runs));
     return GDN_OK;
@@ -1360,17 +1365,14 @@ static bool stream_mma_applies(const gdn__layer_params *p)
 }
 
 template <int K, typename S, typename I, typename O>
-static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream, bool &prepared)
+static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream)
 {
     if constexpr (std::is_same<S, __nv_bfloat16>::value && std::is_same<I, __nv_bfloat16>::value) {
-        if (stream_mma_applies(p)) { /* prepares the tokens itself */
+        if (stream_mma_applies(p)) {
             const gdn_status st = launch_stream_as<K, S, I, O, true>(p, stream);
             if (st != GDN_ENOTSUP) return st;
         }
     }
-    GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0, stream,
-                              p->overlap_preceding != 0, *p));
-    prepared = true;
     return launch_stream_as<K, S, I, O, false>(p, stream);
 }
 
@@ -1421,18 +1423,16 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const int warps = warps_for<Geo>(p, 1, GDN__SMALL_GRID_CTAS);
     if (p->V % (warps * Geo::ROWS_PER_WARP) != 0) return GDN_ENOTSUP;
     const bool overlap = p->overlap_preceding != 0;
-    bool prepared = false;
-    if (stream_state_pass_applies(p)) {
-        const gdn_status streamed = launch_stream<K, S, I, O>(p, stream, prepared);
+    if (stream_state_pass_applies(p)) { /* with the preparation its form needs */
+        const gdn_status streamed = launch_stream<K, S, I, O>(p, stream);
         if (streamed != GDN_ENOTSUP) {
             if (streamed != GDN_OK) return streamed;
             GDN__CUDA_TRY(gdn__cuda_launch_error());
             return GDN_OK;
         }
     }
-    if (!prepared)
-        GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
-                                  stream, overlap, *p));
+    GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
+                              stream, overlap, *p));
     const dim3 grid((unsigned)(p->HV * (p->V / (warps * Geo::ROWS_PER_WARP))), (unsigned)p->B);
     GDN__CUDA_TRY(gdn__launch(ring_decode_state_kernel<K, S, I, O, REGS>, grid, dim3(warps * 32), 0, stream, overlap, *p));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
@@ -1461,8 +1461,6 @@ static gdn_status launch_verify(const gdn__layer_params *p, cudaStream_t stream)
     if constexpr (std::is_same<S, __nv_bfloat16>::value && std::is_same<I, __nv_bfloat16>::value && K <= 128) {
         constexpr int TM = GDN__RING_VERIFY_MAX_TOKENS;
         const bool short_chain = p->T <= 4;
-        GDN__CUDA_TRY(gdn__launch(short_chain ? ring_verify_prep_kernel<K, I, 4> : ring_verify_prep_kernel<K, I, TM>,
-                                  dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0, stream, p->overlap_preceding != 0, *p));
         const gdn_status st = short_chain ? launch_stream_as<K, S, I, O, true, 4>(p, stream) : launch_stream_as<K, S, I, O, true, TM>(p, stream);
         if (st != GDN_OK) return st;
         GDN__CUDA_TRY(gdn__cuda_launch_error());
