@@ -94,13 +94,7 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
         at = align256(at + (int64_t)sizeof(int32_t));
         if (op->strategy == GDN_VERIFY_RING && op->backend == GDN_BACKEND_CUDA) { /* the two-kernel decode's */
             l.ring_prep = at;
-            int64_t prep_floats = gdn__ring_prep_floats(l.ring_capacity);
-            if (op->max_tokens >= 2 && op->max_tokens <= GDN__RING_VERIFY_MAX_TOKENS) {
-                l.ring_prep_tokens = op->max_tokens;
-                const int32_t verify_floats = gdn__ring_verify_prep_floats(l.ring_capacity, GDN__RING_VERIFY_MAX_TOKENS);
-                if (verify_floats > prep_floats) prep_floats = verify_floats; /* the largest instance's */
-            }
-            at = align256(at + (int64_t)op->max_batch * HV * prep_floats * (int64_t)sizeof(float));
+            at = align256(at + (int64_t)op->max_batch * HV * gdn__ring_prep_floats(l.ring_capacity) * (int64_t)sizeof(float));
         }
     }
     if (op->backend == GDN_BACKEND_CUDA && op->mixer && (conv || op->mixer->norm_weight)) {
@@ -202,7 +196,7 @@ static gdn__layer_params base_params(const gdn_op_layer *op, const gdn__op_layou
         p.ring_capacity = layout->ring_capacity;
         p.ring_length = layout->ring_length;
         p.ring_count = (int32_t *)(ws + layout->counts);
-        if (layout->ring_prep) p.ring_prep = (float *)(ws + layout->ring_prep), p.ring_prep_tokens = layout->ring_prep_tokens;
+        if (layout->ring_prep) p.ring_prep = (float *)(ws + layout->ring_prep);
         p.deferred_verify = verify;
         p.arrivals = (uint32_t *)(ws + layout->arrivals);
     }

@@ -23,9 +23,7 @@ typedef struct gdn__op_layout {
     int64_t counts;           /* FOLD pending / RING record counts: int32 [num_slots] */
     int64_t arrivals;         /* FOLD, RING: uint32 [max_batch], zero between steps */
     int64_t flush_row;        /* FOLD, RING: int32, the row of a single-slot write-back */
-    int64_t ring_prep;        /* RING on CUDA: the decode's scratch, fp32 [max_batch][HV][gdn__ring_prep_floats], or
-                               * the verify's (gdn__ring_verify_prep_floats) when max_tokens is 2..8 */
-    int32_t ring_prep_tokens; /* 0, or max_tokens when ring_prep also serves the two-kernel verify */
+    int64_t ring_prep;        /* RING on CUDA: the decode's scratch, fp32 [max_batch][HV][gdn__ring_prep_floats] */
     int64_t side_bytes;       /* FOLD, RING: one slot's stored tokens or records */
     int64_t mixer_arrivals;   /* CUDA with a mixer: uint32 [max_batch][HK + HV], zero between steps */
     int64_t norm_scratch;     /* CUDA with the mixer's norm: fp32 [max_batch][max_tokens][HV][V] */

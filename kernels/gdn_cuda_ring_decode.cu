@@ -16,6 +16,8 @@
  *      with the state tiles streamed into shared memory by producer warps (section 2'). Its
  *      tensor-core form (bf16 state and inputs) runs alone: each consumer warp prepares its item's
  *      token itself (prepare_decode, the same math as kernel 1), from records staged with the item.
+ *      It also runs the verify of a 2..8-token chain (consume_mma_verify), the group's warps sharing
+ *      the tokens' preparations: token t is a decode over the records and tokens 0..t-1.
  * Kernel 2 launches while kernel 1 runs (programmatic dependent launch, when the layer's launch asks
  * for overlap) and waits for it only after its state loads are issued.
  */
@@ -87,21 +89,20 @@ __device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], uint32_t a0, ui
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 #endif
 }
-/* acc[nt] += the warp's 16 tile rows (rowA, rowB = rowA + 8) times n-tile nt's 8 B columns, over all K
- * columns, for n-tiles 0..tiles - 1. The reduction visits a row's columns in an order that A and B
+/* acc[nt] += the warp's 16 A rows (the lane's two: row_top, row_bottom, 8 apart) times n-tile nt's 8 B
+ * columns, over all K columns, for n-tiles 0..tiles - 1. The reduction visits a row's columns in an order that A and B
  * share: lane qt reads 8 consecutive columns 32 c + 8 qt .. + 7 of each 32 (one 16-byte read a row,
  * at most 2-way bank conflicts in the unpadded tile), the first four for MMA step 2 c, the last four
  * for step 2 c + 1; b_at(nt, col) gives the lane's B column's 16 bytes at col. */
 template <int K, int NT, typename BAt>
-__device__ __forceinline__ void tile_times_columns(const unsigned char *tile_s, int rowA, int rowB, int qt, int tiles, BAt b_at,
+__device__ __forceinline__ void rows_times_columns(const unsigned char *row_top, const unsigned char *row_bottom, int qt, int tiles, BAt b_at,
                                                    float (&acc)[NT][4])
 {
-    constexpr int PITCH = K * 2;
 #pragma unroll
     for (int c32 = 0; c32 < K / 32; c32++) {
         const int col = c32 * 32 + qt * 8;
-        const uint4 a_top = *reinterpret_cast<const uint4 *>(tile_s + rowA * PITCH + col * 2);
-        const uint4 a_bottom = *reinterpret_cast<const uint4 *>(tile_s + rowB * PITCH + col * 2);
+        const uint4 a_top = *reinterpret_cast<const uint4 *>(row_top + col * 2);
+        const uint4 a_bottom = *reinterpret_cast<const uint4 *>(row_bottom + col * 2);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             if (nt >= tiles) break;
@@ -111,32 +112,46 @@ __device__ __forceinline__ void tile_times_columns(const unsigned char *tile_s, 
         }
     }
 }
+/* The same over rows rowA and rowB of a tile of K columns at a pitch of K. */
+template <int K, int NT, typename BAt>
+__device__ __forceinline__ void tile_times_columns(const unsigned char *tile_s, int rowA, int rowB, int qt, int tiles, BAt b_at,
+                                                   float (&acc)[NT][4])
+{
+    rows_times_columns<K>(tile_s + rowA * K * 2, tile_s + rowB * K * 2, qt, tiles, b_at, acc);
+}
 
 /* A decode's preparation of one (row, value head), by THREADS threads (tid 0.., whole warps; sync()
- * joins them): the coefficients of the scratch above into out, from the token's raw k and q (k_in,
- * q_in: key head kh), record j's raw k (rec_k(j)) and raw a (rec_a(j)), the token's raw a and b and the
- * head's A_log and dt_bias, for a ring of h records with write-back flag flush (count(h,
- * flush), read once the token's loads are issued). dot_k, dot_q, norm_of (h floats, may alias out's
- * ck, cq, fk: each is read and then overwritten by the same thread) and logd (h + 1 floats) are
- * scratch. Unless the row writes back, it appends the token's a and, once per key head, its k as
- * record h of the write slot's ring ring_w (nullptr: another caller appends). Warp 0 writes out; the
- * caller syncs before reading it. The preparation kernel reads global memory, the streamed pass its
- * stage. */
-template <int K, typename I, int THREADS, bool MMA_DOTS, typename Count, typename RecK, typename RecA, typename Sync>
+ * joins them): the coefficients of the scratch above into out (arrays `stride` floats apart), from
+ * the token's raw k and q (k_in, q_in: key head kh), record j's raw k (rec_k(j)) and raw a (rec_a(j)),
+ * the token's raw a and b and the head's A_log and dt_bias, for a ring of h records with write-back
+ * flag flush (count(h, flush), read once the token's loads are issued). dot_k, dot_q, norm_of (h
+ * floats, may alias out's ck, cq, fk: each is read and then overwritten by the same thread) and logd
+ * (h + 1 floats) are scratch. Unless the row writes back, it appends the token's a and, once per key
+ * head, its k as record h of the write slot's ring ring_w (nullptr: another caller appends). Warp 0
+ * writes out; the caller syncs before reading it. The preparation kernel reads global memory, the
+ * streamed pass its stage. A verify's token t prepares as a decode over h + t records, the first h
+ * of the ring and then its own earlier tokens; with WRITE_BACK_OF_RECORDS, fk and PREP_DECAY_ALL
+ * describe S_h (the records without the token: exp(P_{h-1}) S0 + sum_{m < h} fk[m] u_m raw_k_m), the
+ * verify's write-back. */
+template <int K, typename I, int THREADS, bool MMA_DOTS, bool WRITE_BACK_OF_RECORDS = false, typename Count, typename RecK, typename RecA,
+          typename Sync>
 __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int tid, int vh, const I *k_in, const I *q_in, Count count,
                                                RecK rec_k, RecA rec_a, I own_a, float own_b, float A_log, float dt_bias, char *ring_w, float *out,
-                                               float *dot_k, float *dot_q, float *norm_of, float *logd, Sync sync)
+                                               int stride, float *dot_k, float *dot_q, float *norm_of, float *logd, Sync sync)
 {
-    constexpr int GL = K / 16 < 8 ? 8 : K / 16 > 32 ? 32 : K / 16; /* lanes per K-vector: THREADS / GL vectors at once */
-    constexpr int KPL = K / GL; /* elements a lane holds: at most 16, for the streamed pass's registers */
-    static_assert(KPL % 8 == 0, "16-byte pieces of 2-byte inputs");
+    /* Lanes per K-vector (THREADS / GL vectors at once) and the elements a lane holds: at most 16 where
+     * the records' dot products run here too, else (the tensor cores take them) 4 or 8, for the
+     * streamed pass's registers. */
+    constexpr int GL = MMA_DOTS ? (K / 4 > 32 ? 32 : K / 4) : K / 16 < 8 ? 8 : K / 16 > 32 ? 32 : K / 16;
+    constexpr int KPL = K / GL, VEC = KPL % 8 == 0 ? 8 : 4;
+    static_assert(KPL % VEC == 0 && (MMA_DOTS || VEC == 8), "8- or 16-byte pieces of 2-byte inputs");
     const int lane = tid & 31, glane = lane % GL;
-    const int per_key = p.HV / p.HK, kh = vh / per_key, stride = gdn__ring_prep_stride(p.ring_capacity);
+    const int per_key = p.HV / p.HK, kh = vh / per_key;
     float k[KPL], q[KPL];
 #pragma unroll
-    for (int e = 0; e < KPL; e += 8) {
-        gdn__load_vec<I, 8>(k_in + glane * KPL + e, *reinterpret_cast<float(*)[8]>(&k[e]));
-        gdn__load_vec<I, 8>(q_in + glane * KPL + e, *reinterpret_cast<float(*)[8]>(&q[e]));
+    for (int e = 0; e < KPL; e += VEC) {
+        gdn__load_vec<I, VEC>(k_in + glane * KPL + e, *reinterpret_cast<float(*)[VEC]>(&k[e]));
+        gdn__load_vec<I, VEC>(q_in + glane * KPL + e, *reinterpret_cast<float(*)[VEC]>(&q[e]));
     }
     const float A = expf(A_log); /* after the token's loads are issued */
     int h;
@@ -155,18 +170,20 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
     if (tid == 0) logd[h] = own_l;
 
     if constexpr (MMA_DOTS) {
-        /* One warp, bf16 records in shared memory at a pitch of K (rec_k(0) the first): 16 records an
-         * m-tile on the tensor cores, times B columns raw k, raw q (n-tile 0) and the records
-         * themselves (n-tiles 1 and 2: the Gram matrix, whose diagonal gives the records' norms). */
+        /* One warp, bf16 records in shared memory (rec_k(j) for every j of the last m-tile: rows past h
+         * may hold anything): 16 records an m-tile on the tensor cores, times B columns raw k, raw q
+         * (n-tile 0) and the records themselves (n-tiles 1 and 2: the Gram matrix, whose diagonal
+         * gives the records' norms). */
         static_assert(THREADS == 32 && std::is_same<I, __nv_bfloat16>::value, "one warp, bf16");
-        const unsigned char *rec_s = reinterpret_cast<const unsigned char *>(rec_k(0));
         const int qg = lane >> 2, qt = lane & 3;
         for (int m0 = 0; m0 < h; m0 += 16) {
-            const unsigned char *tile_s = rec_s + m0 * K * 2;
+            /* the lane's A rows m0 + qg, m0 + qg + 8 are also its B columns of n-tiles 1 and 2 */
+            const unsigned char *top = reinterpret_cast<const unsigned char *>(rec_k(m0 + qg));
+            const unsigned char *bottom = reinterpret_cast<const unsigned char *>(rec_k(m0 + qg + 8));
             float acc[3][4] = {};
-            tile_times_columns<K>(tile_s, qg, qg + 8, qt, 3,
+            rows_times_columns<K>(top, bottom, qt, 3,
                                   [&](int nt, int col) {
-                                      if (nt > 0) return *reinterpret_cast<const uint4 *>(tile_s + ((nt - 1) * 8 + qg) * K * 2 + col * 2);
+                                      if (nt > 0) return *reinterpret_cast<const uint4 *>((nt == 1 ? top : bottom) + col * 2);
                                       return qg < 2 ? *reinterpret_cast<const uint4 *>((qg == 0 ? k_in : q_in) + col) : make_uint4(0u, 0u, 0u, 0u);
                                   },
                                   acc);
@@ -217,7 +234,7 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
         for (int c = 0; c < 2; c++) {
             const int j = c * 32 + lane;
             if (j < h) {
-                const float fk = expf(after - P[c]) * norm_of[j], ck = expf(before - P[c]) * dot_k[j],
+                const float fk = expf((WRITE_BACK_OF_RECORDS ? before : after) - P[c]) * norm_of[j], ck = expf(before - P[c]) * dot_k[j],
                             cq = expf(after - P[c]) * dot_q[j];
                 out[PREP_HEADER + j] = fk;
                 out[PREP_HEADER + stride + j] = ck;
@@ -231,7 +248,7 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
             out[PREP_FLUSH] = flush ? 1.0f : 0.0f;
             out[PREP_C0K] = (h > 0 ? expf(before) : 1.0f) * rk;
             out[PREP_C0Q] = expf(after) * rq;
-            out[PREP_DECAY_ALL] = expf(after);
+            out[PREP_DECAY_ALL] = WRITE_BACK_OF_RECORDS ? (h > 0 ? expf(before) : 1.0f) : expf(after);
             out[PREP_KQ] = rk * rq * kq;
             out[PREP_DECAY] = expf(own_l);
             out[PREP_BETA] = 1.0f / (1.0f + expf(-own_b));
@@ -282,181 +299,9 @@ template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) rin
         },
         [&](int j) { return reinterpret_cast<const I *>(ring_r + j * record_bytes) + (int64_t)kh * K; },
         [&](int j) { return reinterpret_cast<const I *>(ring_r + j * record_bytes + a_offset)[vh]; }, own_a, own_b,
-        p.A_log[vh], p.dt_bias[vh], ring_w, p.ring_prep + (i * HV + vh) * gdn__ring_prep_floats(C), dot_k, dot_q, norm_of, logd,
+        p.A_log[vh], p.dt_bias[vh], ring_w, p.ring_prep + (i * HV + vh) * gdn__ring_prep_floats(C), gdn__ring_prep_stride(C), dot_k,
+        dot_q, norm_of, logd,
         [] { __syncthreads(); });
-}
-
-/* 1'. The verify's preparation (a chain of T = 2..TM tokens, TM 4 or GDN__RING_VERIFY_MAX_TOKENS): a CTA per (row,
- * value head) writes gdn__ring_verify_prep_floats: the header (VPREP_*), the write-back's fk[m] =
- * exp(P_{h-1} - P_m) times the scale of raw k_m (m < h: a row that does not fit, or forks, writes
- * S_h back before its tokens become records base = 0..), then per token t a block of
- *   [0] exp(P_{h+t-1}) rk_t (1 for the first entry of an empty ring), the coefficient of S0.k_t (raw),
- *   [1] exp(P_{h+t}) rq_t, the coefficient of S0.q_t, [2] g_t, [3] beta_t,
- *   ck[j], cq[j] (j < h): exp(P_{h+t-1} - P_j) k^_j.k^_t, exp(P_{h+t} - P_j) k^_j.q^_t,
- *   ckown[t2] (t2 < t), cqown[t2] (t2 <= t): the same for the own tokens' u.
- * It appends the tokens' a (and, once per key head, their k) as records base.., except the k that
- * overwrite records the state pass still reads (a write-back in place): the state pass's last item of
- * the row writes those. It is the only reader of the count. */
-enum { VPREP_COUNT = PREP_COUNT, VPREP_FLUSH = PREP_FLUSH, VPREP_DECAY_ALL = 2, VPREP_BASE = 3 };
-
-template <int K, typename I, int TM> __global__ void __launch_bounds__(PREP_THREADS) ring_verify_prep_kernel(const gdn__layer_params p)
-{
-    constexpr int GL = 8, KPL = K / GL, GROUPS = PREP_THREADS / GL; /* a lane group per K-vector, as the decode's */
-    static_assert(KPL % 8 == 0, "16-byte pieces of 2-byte inputs");
-    constexpr int E_MAX = GDN_MAX_RING_LENGTH + TM, PIECES = K / 8;
-    __shared__ __align__(16) I own[2 * TM][K];               /* the tokens' raw k (0..T-1) and q (TM..TM+T-1) */
-    __shared__ float logd[E_MAX];                             /* log decays, then their cumulative sums P */
-    __shared__ float rec_norm[GDN_MAX_RING_LENGTH];           /* scale of raw k_j */
-    __shared__ float rec_dot[GDN_MAX_RING_LENGTH][2 * TM];    /* raw k_j . raw k_t, raw k_j . raw q_t (TM + t) */
-    __shared__ float own_dot[TM][2 * TM];                     /* [t][t2]: raw k_t2 . raw k_t; [t][TM + t2]: . raw q_t */
-    __shared__ float tok[TM][4];                              /* rk_t, rq_t, beta_t, the log decay l_t */
-
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = threadIdx.x / GL, glane = threadIdx.x % GL;
-    const int vh = blockIdx.x;
-    const int64_t i = blockIdx.y;
-    int64_t r, w;
-    if (!prep_row_slots(p, i, r, w)) return;
-
-    const int HV = p.HV, HK = p.HK, C = p.ring_capacity, T = p.T, per_key = HV / HK, kh = vh / per_key;
-    const int stride = gdn__ring_prep_stride(C), TB = gdn__ring_verify_token_floats(C, TM);
-    float *out = p.ring_prep + (i * HV + vh) * gdn__ring_verify_prep_floats(C, TM);
-    const int h = min(max(p.ring_count[r], 0), C);
-    const bool flush = r != w || h + T > C;
-    const int base = flush ? 0 : h;
-    const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, p.V), a_offset = gdn__ring_a_offset(HK, K);
-    const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
-    char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
-    const float A = expf(p.A_log[vh]), dt_bias = p.dt_bias[vh];
-
-    for (int c = threadIdx.x; c < 2 * T * PIECES; c += PREP_THREADS) {
-        const int m = c / PIECES, piece = c % PIECES, t = m < T ? m : m - T;
-        const I *from = m < T ? static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh)
-                              : static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh);
-        reinterpret_cast<uint4 *>(own[m < T ? t : TM + t])[piece] = reinterpret_cast<const uint4 *>(from)[piece];
-    }
-    if ((int)threadIdx.x < h)
-        logd[threadIdx.x] = token_log_decay(gdn__to_f32(reinterpret_cast<const I *>(ring_r + threadIdx.x * record_bytes + a_offset)[vh]),
-                                            A, dt_bias);
-    if ((int)threadIdx.x < T) {
-        const int t = threadIdx.x;
-        const float a_t = gdn__to_f32(static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, vh)]);
-        float g, beta; /* g is exp of the log decay kept here */
-        token_gate(a_t, gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, vh)]), A, dt_bias, g, beta);
-        logd[h + t] = tok[t][3] = token_log_decay(a_t, A, dt_bias);
-        tok[t][2] = beta;
-    }
-    __syncthreads();
-
-    /* The lane's KPL values of a staged token vector (row m of own). */
-    const auto own_chunk = [&](int m, float (&x)[KPL]) {
-#pragma unroll
-        for (int e = 0; e < KPL; e += 8) gdn__load_vec<I, 8>(&own[m][glane * KPL + e], *reinterpret_cast<float(*)[8]>(&x[e]));
-    };
-    const auto dot = [&](const float (&x)[KPL], const float (&y)[KPL]) {
-        float d = 0.0f;
-#pragma unroll
-        for (int e = 0; e < KPL; e++) d = fmaf(x[e], y[e], d);
-        return group_sum<GL>(d);
-    };
-
-    /* The records' k against every token's k and q: a lane group a record (uniform trip counts for the
-     * shuffles). */
-    for (int j0 = 0; j0 < h; j0 += GROUPS) {
-        const int j = j0 + group;
-        float x[KPL], y[KPL];
-        record_k_values<KPL, I>(reinterpret_cast<const I *>(ring_r + j * record_bytes) + (int64_t)kh * K + glane * KPL, j < h, x);
-        const float xx = dot(x, x);
-        if (j < h && glane == 0) rec_norm[j] = p.use_qk_l2norm ? rsqrtf(xx + 1e-6f) : 1.0f;
-        for (int m = 0; m < 2 * T; m++) {
-            const int row = m < T ? m : TM + m - T;
-            own_chunk(row, y);
-            const float d = dot(x, y);
-            if (j < h && glane == 0) rec_dot[j][row] = d;
-        }
-    }
-    /* The tokens among themselves: task n = t * TM + t2 (t2 <= t) takes k_t2 . k_t and k_t2 . q_t (t2 = t:
-     * the norm of k_t); task TM * TM + t the norm of q_t. */
-    for (int n0 = 0; n0 < TM * TM + TM; n0 += GROUPS) {
-        const int n = n0 + group;
-        const bool pair = n < TM * TM;
-        const int t = pair ? n / TM : n - TM * TM, t2 = pair ? n % TM : t;
-        const bool live = t < T && t2 <= t && n < TM * TM + TM;
-        float x[KPL], y[KPL];
-        own_chunk(live ? (pair ? t2 : TM + t) : 0, x);
-        own_chunk(live ? t : 0, y);
-        const float dk = dot(x, y);
-        own_chunk(live ? TM + t : 0, y);
-        const float dq = dot(x, y);
-        if (live && glane == 0) {
-            float rk, rq;
-            if (!pair) {
-                norm_scales(p, dq, dq, rk, rq); /* x = y = q_t */
-                tok[t][1] = rq;
-            } else {
-                if (t2 == t) norm_scales(p, dk, dk, rk, rq), tok[t][0] = rk;
-                own_dot[t][t2] = t2 < t ? dk : 0.0f;
-                own_dot[t][TM + t2] = dq;
-            }
-        }
-    }
-    __syncthreads();
-
-    /* Warp 0: the cumulative log decays P_0..P_{h+T-1}, in place. */
-    if (warp == 0) {
-        float carry = 0.0f;
-        for (int c = 0; c < h + T; c += 32) {
-            const int j = c + lane;
-            const float x = warp_inclusive_sum(j < h + T ? logd[j] : 0.0f, lane) + carry;
-            if (j < h + T) logd[j] = x;
-            carry = __shfl_sync(0xffffffffu, x, 31);
-        }
-    }
-    __syncthreads();
-
-    /* Coefficients: thread j < h a record's, threads 64.. the own tokens', thread 96 the scalars. */
-    const float before_all = h > 0 ? logd[h - 1] : 0.0f;
-    const int tid = threadIdx.x;
-    if (tid == 0) {
-        out[VPREP_COUNT] = (float)h;
-        out[VPREP_FLUSH] = flush ? 1.0f : 0.0f;
-        out[VPREP_DECAY_ALL] = expf(before_all);
-        out[VPREP_BASE] = (float)base;
-    }
-    if (tid < h) out[PREP_HEADER + tid] = expf(before_all - logd[tid]) * rec_norm[tid];
-    for (int t = 0; t < T; t++) {
-        float *blk = out + PREP_HEADER + stride + t * TB;
-        const float before = t > 0 ? logd[h + t - 1] : before_all, after = logd[h + t];
-        const float rk = tok[t][0], rq = tok[t][1];
-        if (tid < h) {
-            blk[4 + tid] = expf(before - logd[tid]) * rec_norm[tid] * rk * rec_dot[tid][t];
-            blk[4 + stride + tid] = expf(after - logd[tid]) * rec_norm[tid] * rq * rec_dot[tid][TM + t];
-        } else if (tid >= 64 && tid < 64 + TM) {
-            const int t2 = tid - 64;
-            if (t2 <= t) {
-                const float rk2 = tok[t2][0];
-                blk[4 + 2 * stride + t2] = t2 < t ? expf(before - logd[h + t2]) * rk2 * rk * own_dot[t][t2] : 0.0f;
-                blk[4 + 2 * stride + TM + t2] = expf(after - logd[h + t2]) * rk2 * rq * own_dot[t][TM + t2];
-            }
-        } else if (tid == 96) {
-            blk[0] = (h + t > 0 ? expf(before) : 1.0f) * rk;
-            blk[1] = expf(after) * rq;
-            blk[2] = expf(tok[t][3]);
-            blk[3] = tok[t][2];
-        }
-    }
-    __syncthreads(); /* the records' a are read (logd) before they are overwritten */
-
-    /* The tokens' a (this value head) and k (once per key head) as records base..base+T-1. */
-    if ((int)threadIdx.x < T)
-        reinterpret_cast<I *>(ring_w + (base + threadIdx.x) * record_bytes + a_offset)[vh] =
-            static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, threadIdx.x, vh)];
-    const bool k_overwrites_read_records = r == w && base < h;
-    if (!k_overwrites_read_records && vh % per_key == 0)
-        for (int c = threadIdx.x; c < T * PIECES; c += PREP_THREADS) {
-            const int t = c / PIECES, piece = c % PIECES;
-            reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes + (int64_t)kh * K * 2)[piece] =
-                reinterpret_cast<const uint4 *>(own[t])[piece];
-        }
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -646,32 +491,34 @@ template <int K, typename S> constexpr int stream_regs() { return K >= 128 ? 32 
  * that as many stages fit as in the register form). */
 template <bool MMA> constexpr int stream_groups() { return MMA ? 2 : 1; }
 /* TOK: 1 for a decode; for the verify, the chain's most tokens (4 or GDN__RING_VERIFY_MAX_TOKENS: room
- * for that many tokens' k, q, v and coefficients; the smaller stage lets as many stages fit as a decode's). */
-template <int TOK> inline __host__ __device__ int32_t stream_prep_floats(int C)
-{
-    return TOK > 1 ? gdn__ring_verify_prep_floats(C, TOK) : gdn__ring_prep_floats(C);
-}
+ * for that many tokens' k, q, v and coefficients; the smaller stage lets as many stages fit as a
+ * decode's). */
 template <int K, typename S, bool MMA, int TOK = 1> struct stream_layout {
     using Geo = layer_geometry<K, S, stream_regs<K, S>(), true>;
     static constexpr int GROUP_WARPS = STREAM_CONSUMER_WARPS / stream_groups<MMA>(); /* consumer warps an item */
     static constexpr int R = MMA ? GROUP_WARPS * 16 : GROUP_WARPS * Geo::ROWS_PER_WARP; /* state rows an item */
     static constexpr int U_STRIDE = MMA ? R + 8 : R + 4; /* floats between records' u rows (bank spread) */
     static constexpr int TOKENS = TOK;
-    /* The tensor-core decode prepares its token itself: each consumer warp its own copy, in its own
-     * block after the stages (prepare_decode; no barrier between the group's warps), from the records'
-     * k and a (the 16 bytes holding the head's) staged with the item; a group takes a (row, value
-     * head)'s tiles in a row, so that the first tile's preparation serves the others. The other forms
-     * copy into each stage what a preparation kernel wrote. */
-    static constexpr bool PREPARES = MMA && TOK == 1;
-    int64_t tile, prep, prep_pitch, u, krec, kin, qin, vin, arec, bytes, warp_blocks;
+    /* The tensor-core form prepares its tokens itself (prepare_decode), from the records' k and a (the
+     * 16 bytes holding the head's) staged with the item, into blocks after the stages: a decode in
+     * each consumer warp's own block (no barrier between the group's warps), a verify's token t in
+     * block t of the group (its warps share the tokens, then meet at a barrier). A group takes a
+     * (row, value head)'s tiles in a row, so that the first tile's preparation serves the others. The
+     * other forms copy into each stage what a preparation kernel wrote. */
+    static constexpr bool PREPARES = MMA;
+    static constexpr int BLOCKS = PREPARES ? (TOK > 1 ? stream_groups<MMA>() * TOK : STREAM_CONSUMER_WARPS) : 0;
+    /* a block's arrays hold a coefficient for each of the records and a verify's earlier tokens */
+    int coef_stride, block_floats, scratch_floats;
+    int64_t tile, prep, u, krec, kin, qin, vin, arec, bytes, blocks_bytes;
     __host__ __device__ stream_layout(int C)
     {
+        coef_stride = gdn__ring_prep_stride(C + TOK - 1);
+        block_floats = 16 + 3 * coef_stride;
+        scratch_floats = (C + TOK + 3) / 4 * 4; /* the cumulative decays, a consumer warp's */
+        blocks_bytes = PREPARES ? ((int64_t)BLOCKS * block_floats + (int64_t)STREAM_CONSUMER_WARPS * scratch_floats) * 4 : 0;
         tile = STREAM_HEADER_BYTES;
         prep = tile + (int64_t)R * K * sizeof(S);
-        /* a warp's block: the coefficients, then the cumulative decays' scratch (C + 1 floats) */
-        prep_pitch = ((int64_t)stream_prep_floats<TOK>(C) * 4 + ((int64_t)C + 1) * 4 + 15) / 16 * 16;
-        warp_blocks = PREPARES ? STREAM_CONSUMER_WARPS * prep_pitch : 0; /* after the stages */
-        u = prep + (PREPARES ? 0 : (int64_t)stream_prep_floats<TOK>(C) * 4);
+        u = prep + (PREPARES ? 0 : (int64_t)gdn__ring_prep_floats(C) * 4);
         krec = u + (int64_t)C * U_STRIDE * 4;
         kin = krec + (int64_t)(PREPARES ? (C + 15) / 16 * 16 : C) * K * 2; /* whole m-tiles of records (prepare_decode) */
         qin = kin + TOK * K * 2;
@@ -736,6 +583,14 @@ __device__ __forceinline__ void barrier_wait(uint64_t *bar, unsigned parity)
         __nanosleep(32);
     }
 #endif
+}
+
+/* Consumer group g's (0 or 1) WARPS warps meet (named barriers 1 and 2: 0 is __syncthreads'; constant
+ * ids, so that the kernel reserves only those). */
+template <int WARPS> __device__ __forceinline__ void group_barrier(int g)
+{
+    if (g == 0) asm volatile("bar.sync 1, %0;\n" ::"n"(WARPS * 32) : "memory");
+    else asm volatile("bar.sync 2, %0;\n" ::"n"(WARPS * 32) : "memory");
 }
 
 /* A CTA's walk over work items blockIdx.x, blockIdx.x + gridDim.x, ... of the grid's (row i, value
@@ -841,7 +696,7 @@ __device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const un
         return;
     }
     const int64_t w = reinterpret_cast<const int *>(stage)[ITEM_WRITE];
-    const int stride = gdn__ring_prep_stride(C);
+    const int stride = lay.coef_stride;
     const float *fk = prep + PREP_HEADER, *ck = fk + stride, *cq = ck + stride;
     const float *u_s = reinterpret_cast<const float *>(stage + lay.u);
     const I *k_s = reinterpret_cast<const I *>(stage + lay.kin), *q_s = reinterpret_cast<const I *>(stage + lay.qin);
@@ -892,16 +747,18 @@ __device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const un
 }
 
 /* The verify's consumer (a chain of T = 2..8 tokens, records base..base+T-1 appended; semantics as the
- * one-kernel step's verify). The MMA's B columns are k_1 q_1 k_2 q_2 ... (a second n-tile for tokens
- * 4..7), so lane qt of a quad holds S0.k_t and S0.q_t of both its rows for tokens t = qt and qt + 4.
- * Each lane adds its tokens' records' terms; then the quad runs the tokens in order, the owner of
- * token t forming u_t (both rows) and the quad receiving it by shuffles, each lane adding the own
- * tokens' terms of its tokens. A row that does not fit, or forks, writes S_h back (records only).
- * The tokens' k that overwrite records still read by the row's other items are written by the row's
- * last item to finish. */
+ * one-kernel step's verify), from the group's token blocks: token t's is a decode's preparation over
+ * the h records and then tokens 0..t-1 (prepare_decode). The MMA's B columns are k_1 q_1 k_2 q_2 ...
+ * (a second n-tile for tokens 4..7), so lane qt of a quad holds S0.k_t and S0.q_t of both its rows
+ * for tokens t = qt and qt + 4. Each lane adds its tokens' records' terms; then the quad runs the
+ * tokens in order, the owner of token t forming u_t (both rows) and the quad receiving it by
+ * shuffles, each lane adding the own tokens' terms of its tokens. A row that does not fit, or forks,
+ * writes S_h back (records only), and its tokens become records 0..T-1 over records that the row's
+ * other items may still stage: the row's last item to finish writes their k and a and moves the
+ * count (the u are the item's own rows, staged before it began). */
 template <int K, typename I, typename O, typename Lay>
-__device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, const unsigned char *stage, const Lay &lay, int kind,
-                                                   int64_t i, int head, int tile, int64_t out_base, int warp, int lane, bool leader)
+__device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, const unsigned char *stage, const Lay &lay, const float *blocks,
+                                                   int kind, int64_t i, int head, int tile, int64_t out_base, int warp, int lane, bool leader)
 {
     using S = __nv_bfloat16;
     constexpr int R = Lay::R, US = Lay::U_STRIDE, TM = Lay::TOKENS, NT = (TM + 3) / 4; /* n-tiles of 4 tokens */
@@ -918,17 +775,16 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
         }
         return;
     }
-    const int64_t r = reinterpret_cast<const int *>(stage)[ITEM_READ], w = reinterpret_cast<const int *>(stage)[ITEM_WRITE];
-    const int stride = gdn__ring_prep_stride(C), TB = gdn__ring_verify_token_floats(C, TM);
-    const float *prep = reinterpret_cast<const float *>(stage + lay.prep);
-    const float *fk = prep + PREP_HEADER, *blocks = fk + stride;
+    const int *header = reinterpret_cast<const int *>(stage);
+    const int64_t w = header[ITEM_WRITE];
+    const int h = header[ITEM_COUNT];
+    const bool flush = header[ITEM_FLUSH] != 0;
+    const int base = flush ? 0 : h;
+    const int CS = lay.coef_stride, BF = lay.block_floats;
     const float *u_s = reinterpret_cast<const float *>(stage + lay.u);
     const I *k_s = reinterpret_cast<const I *>(stage + lay.kin), *q_s = reinterpret_cast<const I *>(stage + lay.qin);
     const I *v_s = reinterpret_cast<const I *>(stage + lay.vin);
     const unsigned char *tile_s = stage + lay.tile;
-    const int h = (int)prep[VPREP_COUNT], base = (int)prep[VPREP_BASE];
-    const bool flush = prep[VPREP_FLUSH] != 0.0f;
-    if (head == 0 && tile == 0 && leader) p.ring_count[w] = base; /* a verify leaves the count at base; commit moves it */
 
     /* S0 rows times the tokens' raw k and q: n-tile nt holds tokens 4 nt .. 4 nt + 3. */
     float acc[NT][4];
@@ -948,15 +804,17 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
         const int t = nt * 4 + qt;
         ka[nt] = qa[nt] = kb[nt] = qb[nt] = 0.0f;
         if (t >= T) continue;
-        const float *blk = blocks + t * TB;
-        ka[nt] = blk[0] * acc[nt][0], qa[nt] = blk[1] * acc[nt][1], kb[nt] = blk[0] * acc[nt][2], qb[nt] = blk[1] * acc[nt][3];
+        const float *blk = blocks + t * BF, *ck = blk + PREP_HEADER + CS, *cq = ck + CS;
+        const float c0k = blk[PREP_C0K], c0q = blk[PREP_C0Q];
+        ka[nt] = c0k * acc[nt][0], qa[nt] = c0q * acc[nt][1], kb[nt] = c0k * acc[nt][2], qb[nt] = c0q * acc[nt][3];
         for (int j = 0; j < h; j++) {
-            const float ckj = blk[4 + j], cqj = blk[4 + stride + j], ua = u_s[j * US + rowA], ub = u_s[j * US + rowB];
+            const float ckj = ck[j], cqj = cq[j], ua = u_s[j * US + rowA], ub = u_s[j * US + rowB];
             ka[nt] = fmaf(ckj, ua, ka[nt]), qa[nt] = fmaf(cqj, ua, qa[nt]), kb[nt] = fmaf(ckj, ub, kb[nt]), qb[nt] = fmaf(cqj, ub, qb[nt]);
         }
     }
 
-    /* The tokens in order: u_t from its owner lane (quad place t % 4) to the whole quad. */
+    /* The tokens in order: u_t from its owner lane (quad place t % 4) to the whole quad; token t's own
+     * earlier tokens are its records h + t2. */
     float u_top[TM], u_bottom[TM], own_top[NT], own_bottom[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) own_top[nt] = own_bottom[nt] = 0.0f;
@@ -964,14 +822,14 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
     for (int t = 0; t < TM; t++) {
         if (t >= T) break;
         const int nt = t / 4;
-        const float *blk = blocks + t * TB;
+        const float *blk = blocks + t * BF, *ck_own = blk + PREP_HEADER + CS + h;
         float sk_a = ka[nt], sk_b = kb[nt];
 #pragma unroll
         for (int t2 = 0; t2 < t; t2++) {
-            const float c = blk[4 + 2 * stride + t2];
+            const float c = ck_own[t2];
             sk_a = fmaf(c, u_top[t2], sk_a), sk_b = fmaf(c, u_bottom[t2], sk_b);
         }
-        const float g = blk[2], beta = blk[3];
+        const float g = blk[PREP_DECAY], beta = blk[PREP_BETA];
         const float ua = beta * (gdn__to_f32(v_s[t * R + rowA]) - g * sk_a), ub = beta * (gdn__to_f32(v_s[t * R + rowB]) - g * sk_b);
         if (qt == t % 4) own_top[nt] = ua, own_bottom[nt] = ub;
         u_top[t] = __shfl_sync(0xffffffffu, ua, quad0 + t % 4);
@@ -985,12 +843,13 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
     for (int nt = 0; nt < NT; nt++) {
         const int t = nt * 4 + qt;
         if (t >= T) continue;
-        const float *blk = blocks + t * TB;
-        float oa = qa[nt], ob = qb[nt];
+        const float *blk = blocks + t * BF, *cq_own = blk + PREP_HEADER + 2 * CS + h;
+        const float kq = blk[PREP_KQ];
+        float oa = fmaf(kq, own_top[nt], qa[nt]), ob = fmaf(kq, own_bottom[nt], qb[nt]);
 #pragma unroll
         for (int t2 = 0; t2 < TM; t2++) {
-            if (t2 > t) break;
-            const float c = blk[4 + 2 * stride + TM + t2];
+            if (t2 >= t) break;
+            const float c = cq_own[t2];
             oa = fmaf(c, u_top[t2], oa), ob = fmaf(c, u_bottom[t2], ob);
         }
         out[out_base + t * out_tok + tile * R + rowA] = gdn__from_f32<O>(oa);
@@ -999,35 +858,36 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
         u_record[rowA] = own_top[nt];
         u_record[rowB] = own_bottom[nt];
     }
+    if (!flush) return;
 
-    if (flush) {
-        /* S_h = exp(P_{h-1}) S0 + sum_{m < h} fk[m] u_m raw_k_m, written to slot w (32 columns a pass: the
-         * tokens' values above stay live). */
-        const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
-        write_back_mma_rows<K, 1, I>(
-            tile_s, rowA, rowB, qt, prep[VPREP_DECAY_ALL], h, [&](int m, int row) { return fk[m] * u_s[m * US + row]; },
-            [&](int m) { return krec_s + m * K; }, static_cast<S *>(p.state) + w * p.slot_stride + ((int64_t)head * V + tile * R) * K);
-    }
+    /* S_h = exp(P_{h-1}) S0 + sum_{m < h} fk[m] u_m raw_k_m (token 0's block), written to slot w (32
+     * columns a pass: the tokens' values above stay live). */
+    const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
+    const float *fk = blocks + PREP_HEADER;
+    write_back_mma_rows<K, 1, I>(
+        tile_s, rowA, rowB, qt, blocks[PREP_DECAY_ALL], h, [&](int m, int row) { return fk[m] * u_s[m * US + row]; },
+        [&](int m) { return krec_s + m * K; }, static_cast<S *>(p.state) + w * p.slot_stride + ((int64_t)head * V + tile * R) * K);
 
-    /* A write-back in place over records the row's items read (their k were staged before this item
-     * began): the row's last item writes the tokens' k, for every key head. */
-    if (r == w && base < h) {
-        __shared__ int last_item[STREAM_CONSUMER_WARPS];
-        __syncwarp();
-        if (lane == 0) {
-            const unsigned items_of_row = (unsigned)(HV * (V / R) * Lay::GROUP_WARPS);
-            last_item[threadIdx.x / 32] = atomicAdd(&p.arrivals[i], 1u) + 1u == items_of_row;
-        }
-        __syncwarp();
-        if (last_item[threadIdx.x / 32]) {
+    /* The row's last item (its group's first warp) writes the tokens' k, for every key head, and a, for
+     * every value head, as records 0..T-1, and moves the count to 0. */
+    if (warp == 0) {
+        unsigned last = 0;
+        if (lane == 0) last = atomicAdd(&p.arrivals[i], 1u) + 1u == (unsigned)(HV * (V / R));
+        if (__shfl_sync(0xffffffffu, last, 0)) {
             __threadfence();
             constexpr int PIECES = K * 2 / 16;
             for (int c = lane; c < T * HK * PIECES; c += 32) {
                 const int t = c / (HK * PIECES), key_head = c / PIECES % HK, piece = c % PIECES;
-                reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes + (int64_t)key_head * K * 2)[piece] =
+                reinterpret_cast<uint4 *>(ring_w + t * record_bytes + (int64_t)key_head * K * 2)[piece] =
                     reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, key_head))[piece];
             }
-            if (lane == 0) p.arrivals[i] = 0;
+            const int64_t a_offset = gdn__ring_a_offset(HK, K);
+            for (int c = lane; c < T * HV; c += 32) {
+                const int t = c / HV, value_head = c % HV;
+                reinterpret_cast<I *>(ring_w + t * record_bytes + a_offset)[value_head] =
+                    static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, value_head)];
+            }
+            if (lane == 0) p.ring_count[w] = 0, p.arrivals[i] = 0;
         }
     }
 }
@@ -1064,7 +924,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
     };
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, V), u_offset = gdn__ring_u_offset(HK, HV, K);
-    const int prep_floats = stream_prep_floats<TOK>(C);
+    const int prep_floats = gdn__ring_prep_floats(C); /* what a preparation kernel wrote (forms that do not prepare) */
     const int T = TOK > 1 ? p.T : 1;
 
     if (threadIdx.x == 0) {
@@ -1094,9 +954,9 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             const int k = k0 + lane;
             batch_h = 0, batch_flush = 0;
             if (k < my_count && batch_kind == 2) {
-                if constexpr (Lay::PREPARES) { /* the rule of ring_decode_prep_kernel */
+                if constexpr (Lay::PREPARES) { /* the rules of gdn_kernel_params.h's "Ring strategy" */
                     batch_h = min(max(p.ring_count[batch_r], 0), C);
-                    batch_flush = batch_r != batch_w || batch_h + 1 >= p.ring_length;
+                    batch_flush = batch_r != batch_w || (TOK > 1 ? batch_h + T > C : batch_h + 1 >= p.ring_length);
                 } else {
                     const float *prep = p.ring_prep + (int64_t)pair_of(pg, k) * prep_floats;
                     batch_h = min(max((int)prep[PREP_COUNT], 0), C);
@@ -1140,7 +1000,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             }
             if (kind == 2) {
                 const int i = at.at.i, head = at.at.head, tile = at.tile, kh = head / (HV / HK);
-                /* a decode prepares from every record's k and a; a verify's write-back needs the k */
+                /* the tensor-core form prepares from every record's k and a; a write-back needs the k */
                 const bool records_k = Lay::PREPARES || flush;
                 if (lane == 0)
                     barrier_expect_bytes(&full[s], (Lay::PREPARES ? 0u : (uint32_t)prep_floats * 4) + 2 * T * K_BYTES + h * U_BYTES +
@@ -1187,19 +1047,24 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
     O *out = static_cast<O *>(p.out);
     group_walk at((int)blockIdx.x + cgroup * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles, runs);
     const int my_count = group_items(cgroup);
-    /* the warp's preparation block (the tensor-core decode) */
-    float *const warp_prep = reinterpret_cast<float *>(smem + stages * lay.bytes + warp * lay.prep_pitch);
+    /* The preparation blocks after the stages (the tensor-core form): a decode's warp's own, or the
+     * verify's group's token blocks; then the warp's scratch. */
+    float *const blocks = reinterpret_cast<float *>(smem + stages * lay.bytes);
+    float *const prep_blocks = blocks + (TOK > 1 ? cgroup * TOK : warp) * lay.block_floats;
+    float *const scratch = blocks + Lay::BLOCKS * lay.block_floats + warp * lay.scratch_floats;
     /* stages is a multiple of GROUPS (launch_stream_as), so stage s serves one group only */
     for (int it = 0, s = cgroup, use = 0; it < my_count;
          it++, at.next(HV, tiles), s += GROUPS, use += s >= stages, s -= s >= stages ? stages : 0) {
         const unsigned char *stage = smem + s * lay.bytes;
         const int i = at.at.i, head = at.at.head, tile = at.tile, row0 = tile * R + lrow0;
-        I own_a{};
-        float own_b = 0.0f, A_log = 0.0f, dt_bias = 0.0f;
+        float own_a = 0.0f, own_b = 0.0f, A_log = 0.0f, dt_bias = 0.0f; /* a verify's: lane t's token t's */
         const bool prepare = Lay::PREPARES && (tile == 0 || !runs); /* a run's first tile prepares for the others */
-        if (prepare) { /* the token's gate inputs and the head's parameters, loaded beside the wait */
-            own_a = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, 0, head)];
-            own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, 0, head)]);
+        if (prepare) { /* the tokens' gate inputs and the head's parameters, loaded beside the wait */
+            const int t = TOK > 1 ? lane : 0;
+            if (t < T) {
+                own_a = gdn__to_f32(static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, head)]);
+                own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, head)]);
+            }
             A_log = p.A_log[head], dt_bias = p.dt_bias[head];
         }
         barrier_wait(&full[s], (unsigned)use & 1);
@@ -1207,27 +1072,48 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
         const int kind = header[ITEM_KIND];
         const int64_t out_base = gdn__at(p.out_strides, i, 0, head);
         if constexpr (Lay::PREPARES) {
-            if (kind == 2 && prepare) { /* each warp prepares the token into its own block: no barrier with the others */
-                float *const prep = warp_prep;
+            if (kind == 2 && prepare) {
                 const int h = header[ITEM_COUNT];
-                const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
+                const bool flush = header[ITEM_FLUSH] != 0;
+                const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec), *kin_s = reinterpret_cast<const I *>(stage + lay.kin);
                 const unsigned char *arec_s = stage + lay.arec;
-                /* the group's first warp of the row's first tile appends the record */
-                char *ring_w = tile == 0 && gwarp == 0 ? static_cast<char *>(p.ring) + (int64_t)header[ITEM_WRITE] * C * record_bytes : nullptr;
-                prepare_decode<K, I, 32, true>(
-                    p, lane, head, reinterpret_cast<const I *>(stage + lay.kin), reinterpret_cast<const I *>(stage + lay.qin),
-                    [&](int &count, bool &flush) { count = h, flush = header[ITEM_FLUSH] != 0; },
-                    [&](int j) { return krec_s + j * K; }, [&](int j) { return reinterpret_cast<const I *>(arec_s + j * 16)[head % 8]; },
-                    own_a, own_b, A_log, dt_bias, ring_w, prep, prep + PREP_HEADER + stride, prep + PREP_HEADER + 2 * stride,
-                    prep + PREP_HEADER, prep + stream_prep_floats<TOK>(C), [] { __syncwarp(); });
-                __syncwarp();
+                const int CS = lay.coef_stride;
+                /* the row's first tile appends the records (a decode's by the group's first warp) */
+                char *const ring_w = tile == 0 && !flush ? static_cast<char *>(p.ring) + (int64_t)header[ITEM_WRITE] * C * record_bytes : nullptr;
+                const auto prepare_token = [&](int t, float *prep, auto rec_k, auto rec_a, char *append) {
+                    prepare_decode<K, I, 32, true, (TOK > 1)>(
+                        p, lane, head, kin_s + t * K, reinterpret_cast<const I *>(stage + lay.qin) + t * K,
+                        [&](int &count, bool &f) { count = h + t, f = flush; }, rec_k, rec_a,
+                        gdn__from_f32<I>(TOK > 1 ? __shfl_sync(0xffffffffu, own_a, t) : own_a),
+                        TOK > 1 ? __shfl_sync(0xffffffffu, own_b, t) : own_b, A_log, dt_bias, append,
+                        prep, CS, prep + PREP_HEADER + CS, prep + PREP_HEADER + 2 * CS, prep + PREP_HEADER, scratch, [] { __syncwarp(); });
+                    __syncwarp();
+                };
+                const auto record_a = [&](int j) { return reinterpret_cast<const I *>(arec_s + j * 16)[head % 8]; };
+                if constexpr (TOK == 1) { /* each warp into its own block: no barrier with the others */
+                    prepare_token(0, prep_blocks, [&](int j) { return krec_s + j * K; }, record_a, gwarp == 0 ? ring_w : nullptr);
+                } else {
+                    /* The group's warps share the tokens (token t is a decode over the records and tokens
+                     * 0..t-1, rows h.. of its m-tiles from the staged tokens' k); first they wait until
+                     * the whole group is done with the previous run's blocks. */
+                    group_barrier<Lay::GROUP_WARPS>(cgroup);
+                    /* the earlier tokens' a for entries j = lane and lane + 32 (lanes >= h) */
+                    const float entry_a0 = __shfl_sync(0xffffffffu, own_a, (lane - h) & 31);
+                    const float entry_a1 = __shfl_sync(0xffffffffu, own_a, (lane + 32 - h) & 31);
+                    for (int t = gwarp; t < T; t += Lay::GROUP_WARPS)
+                        prepare_token(
+                            t, prep_blocks + t * lay.block_floats,
+                            [&](int j) { return j < h ? krec_s + j * K : j < h + T ? kin_s + (j - h) * K : krec_s + (j & 15) * K; },
+                            [&](int j) { return j < h ? record_a(j) : gdn__from_f32<I>(j < 32 ? entry_a0 : entry_a1); }, ring_w);
+                    group_barrier<Lay::GROUP_WARPS>(cgroup);
+                }
             }
         }
         if constexpr (MMA) {
             if constexpr (TOK > 1)
-                consume_mma_verify<K, I, O, Lay>(p, stage, lay, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
+                consume_mma_verify<K, I, O, Lay>(p, stage, lay, prep_blocks, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
             else
-                consume_mma<K, I, O, Lay>(p, stage, lay, warp_prep, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
+                consume_mma<K, I, O, Lay>(p, stage, lay, prep_blocks, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
         } else if (kind != 2) {
             if (kind == 1 && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
             if (glane == 0)
@@ -1279,7 +1165,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                                              row0, glane);
             }
         }
-        if constexpr (Lay::PREPARES) {
+        if constexpr (Lay::PREPARES && TOK == 1) {
             /* The row's last item to finish moves the count: every item's producer has read it by then. */
             if (kind == 2 && gwarp == 0 && lane == 0) {
                 if (atomicAdd(&p.arrivals[i], 1u) + 1u == (unsigned)row_items) {
@@ -1315,9 +1201,18 @@ static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stre
     GDN__CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     GDN__CUDA_TRY(cudaDeviceGetAttribute(&per_sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
     GDN__CUDA_TRY(cudaDeviceGetAttribute(&per_block_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    int64_t budget = per_sm_bytes / STREAM_CTAS_PER_SM - 2048; /* the runtime's reserve and the static barriers */
-    if (budget > per_block_bytes) budget = per_block_bytes;
-    int64_t stages = (budget - lay.warp_blocks) / lay.bytes;
+    int reserved_bytes = 0;
+    GDN__CUDA_TRY(cudaDeviceGetAttribute(&reserved_bytes, cudaDevAttrReservedSharedMemoryPerBlock, device));
+    static const int64_t static_bytes = [] { /* the barriers; asked once (a conservative 1 KB if the query fails) */
+        cudaFuncAttributes attributes;
+        return cudaFuncGetAttributes(&attributes, ring_decode_stream_kernel<K, S, I, O, MMA, TOK>) == cudaSuccess
+                   ? (int64_t)attributes.sharedSizeBytes
+                   : (int64_t)1024;
+    }();
+    /* a CTA's share of the SM, less the runtime's reserve and the static shared memory */
+    int64_t budget = per_sm_bytes / STREAM_CTAS_PER_SM - reserved_bytes - static_bytes;
+    if (budget > per_block_bytes - static_bytes) budget = per_block_bytes - static_bytes;
+    int64_t stages = (budget - lay.blocks_bytes) / lay.bytes;
     if (stages > STREAM_MAX_STAGES) stages = STREAM_MAX_STAGES;
     /* Each consumer group keeps to its own stages: a stage's phases must not be waited on by a group
      * that could run a whole phase ahead of the other group's use of it (parity waits). */
@@ -1330,13 +1225,10 @@ static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stre
     const int64_t units = runs ? pairs : pairs * (p->V / Lay::R);
     int64_t ctas = (int64_t)sms * STREAM_CTAS_PER_SM;
     if (ctas > units) ctas = units;
-    const int smem = (int)(stages * lay.bytes + lay.warp_blocks);
+    const int smem = (int)(stages * lay.bytes + lay.blocks_bytes);
     static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
     GDN__CUDA_TRY(gdn__opt_in_shared(ring_decode_stream_kernel<K, S, I, O, MMA, TOK>, (int)budget, opted_in));
-    if constexpr (TOK > 1) {
-        GDN__CUDA_TRY(gdn__launch(ring_verify_prep_kernel<K, I, TOK>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
-                                  stream, p->overlap_preceding != 0, *p));
-    } else if constexpr (!Lay::PREPARES) {
+    if constexpr (!Lay::PREPARES) {
         GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0, stream,
                                   p->overlap_preceding != 0, *p));
     }
@@ -1439,18 +1331,17 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     return GDN_OK;
 }
 
-/* Whether a verify runs as two kernels (the T-token preparation, then the streamed tensor-core state
- * pass): chains of 2..GDN__RING_VERIFY_MAX_TOKENS tokens with bf16 state and inputs, K <= 128 (two
- * stages fit at every ring capacity), without the mixer, where the workspace holds the verify's
- * preparation (GDN_RING_VERIFY_STREAM=0: never). */
+/* Whether a verify runs on the streamed tensor-core pass (which prepares its tokens itself): chains
+ * of 2..GDN__RING_VERIFY_MAX_TOKENS tokens with bf16 state and inputs, K <= 128 (two stages fit at
+ * every ring capacity), without the mixer (GDN_RING_VERIFY_STREAM=0: never). */
 static bool verify_stream_applies(const gdn__layer_params *p)
 {
     static const bool on = [] {
         const char *e = getenv("GDN_RING_VERIFY_STREAM");
         return !(e && e[0] == '0');
     }();
-    return on && p->ring_prep && p->deferred_verify && p->T >= 2 && p->T <= GDN__RING_VERIFY_MAX_TOKENS && p->K <= 128 &&
-           p->ring_prep_tokens >= p->T && !p->token_counts && !p->parents && !gdn__mixer_on(&p->mixer) &&
+    return on && p->arrivals && p->deferred_verify && p->T >= 2 && p->T <= GDN__RING_VERIFY_MAX_TOKENS && p->K <= 128 &&
+           !p->token_counts && !p->parents && !gdn__mixer_on(&p->mixer) &&
            p->state_dtype == GDN_DTYPE_BF16 && p->input_dtype == GDN_DTYPE_BF16 && gdn__overlap_supported() && stream_mma_enabled() &&
            p->V % stream_layout<128, __nv_bfloat16, true>::R == 0 && p->ring_capacity <= GDN_MAX_RING_LENGTH;
 }

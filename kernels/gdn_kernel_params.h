@@ -208,8 +208,6 @@ typedef struct gdn__layer_params {
     int32_t *ring_count;       /* [num_slots] records in each slot's ring (this layer) */
     float *ring_prep;          /* CUDA: [B][HV][gdn__ring_prep_floats(ring_capacity)] scratch of the
                                 * two-kernel decode (kernels/gdn_cuda_ring_decode.cu); NULL: one kernel */
-    int32_t ring_prep_tokens;  /* 0, or the verify tokens (2..GDN__RING_VERIFY_MAX_TOKENS) ring_prep also
-                                * holds gdn__ring_verify_prep_floats for: the two-kernel verify */
 
     gdn__mixer_params mixer;   /* all zero: the plain recurrence */
 
@@ -278,19 +276,8 @@ static inline GDN__HOST_DEVICE int64_t gdn__ring_record_bytes(int32_t HK, int32_
 static inline GDN__HOST_DEVICE int32_t gdn__ring_prep_stride(int32_t capacity) { return (capacity + 1 + 3) / 4 * 4; }
 static inline GDN__HOST_DEVICE int32_t gdn__ring_prep_floats(int32_t capacity) { return 16 + 3 * gdn__ring_prep_stride(capacity); }
 
-/* The CUDA ring verify's per (row, value head) scratch (two kernels, chains of up to `tokens` tokens,
- * at most GDN__RING_VERIFY_MAX_TOKENS): the header, the write-back's coefficients (a stride), then a
- * block per token of 4 scalars, the records' coefficients in S k^ and S q^ (a stride each) and the own
- * tokens' (`tokens` each). */
+/* The longest chain the CUDA ring verify's streamed pass takes (kernels/gdn_cuda_ring_decode.cu). */
 #define GDN__RING_VERIFY_MAX_TOKENS 8
-static inline GDN__HOST_DEVICE int32_t gdn__ring_verify_token_floats(int32_t capacity, int32_t tokens)
-{
-    return 4 + 2 * gdn__ring_prep_stride(capacity) + 2 * tokens;
-}
-static inline GDN__HOST_DEVICE int32_t gdn__ring_verify_prep_floats(int32_t capacity, int32_t tokens)
-{
-    return 16 + gdn__ring_prep_stride(capacity) + tokens * gdn__ring_verify_token_floats(capacity, tokens);
-}
 
 /* With the mixer's conv: one stored token of the fold strategy is raw x [conv_dim], a, b (2-byte
  * inputs, rounded up to 16 bytes); one ring record is raw x [conv_dim] and a [HV], padded to 16
