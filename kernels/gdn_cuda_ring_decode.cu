@@ -911,8 +911,8 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
     const Lay lay(C);
     const int tiles = V / R, row_items = HV * tiles;
     constexpr int GROUPS = stream_groups<MMA>();
-    /* runs: a group takes a (row, value head)'s tiles in a row (group_walk), on grids with a unit for
-     * every group (launch_stream_as) */
+    /* runs: a group takes a (row, value head)'s tiles in a row (group_walk), on the grids
+     * launch_stream_as names */
     const int run = runs ? tiles : 1;
     const int units = p.B * (runs ? HV : row_items); /* < 2^31: B <= 65535, HV * V <= 2^20 */
     const int my_units = units > (int)blockIdx.x ? (units - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
@@ -1100,11 +1100,16 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                     /* the earlier tokens' a for entries j = lane and lane + 32 (lanes >= h) */
                     const float entry_a0 = __shfl_sync(0xffffffffu, own_a, (lane - h) & 31);
                     const float entry_a1 = __shfl_sync(0xffffffffu, own_a, (lane + 32 - h) & 31);
-                    for (int t = gwarp; t < T; t += Lay::GROUP_WARPS)
-                        prepare_token(
-                            t, prep_blocks + t * lay.block_floats,
-                            [&](int j) { return j < h ? krec_s + j * K : j < h + T ? kin_s + (j - h) * K : krec_s + (j & 15) * K; },
-                            [&](int j) { return j < h ? record_a(j) : gdn__from_f32<I>(j < 32 ? entry_a0 : entry_a1); }, ring_w);
+                    const auto entry_k = [&](int j) { return j < h ? krec_s + j * K : j < h + T ? kin_s + (j - h) * K : krec_s + (j & 15) * K; };
+                    const auto entry_a = [&](int j) { return j < h ? record_a(j) : gdn__from_f32<I>(j < 32 ? entry_a0 : entry_a1); };
+                    /* One token a warp: one call, not a loop (a loop here costs the item loop registers:
+                     * spills). Two: a loop (measured faster than two calls). */
+                    if constexpr (TOK <= Lay::GROUP_WARPS) {
+                        if (gwarp < T) prepare_token(gwarp, prep_blocks + gwarp * lay.block_floats, entry_k, entry_a, ring_w);
+                    } else {
+                        for (int t = gwarp; t < T; t += Lay::GROUP_WARPS)
+                            prepare_token(t, prep_blocks + t * lay.block_floats, entry_k, entry_a, ring_w);
+                    }
                     group_barrier<Lay::GROUP_WARPS>(cgroup);
                 }
             }
@@ -1218,10 +1223,12 @@ static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stre
      * that could run a whole phase ahead of the other group's use of it (parity waits). */
     stages -= stages % stream_groups<MMA>();
     if (stages < 2) return GDN_ENOTSUP;
-    /* The tensor-core decode's groups take whole (row, value head) runs where there is one for each
-     * group (group_walk); on smaller grids a run's tiles would wait on one another. */
+    /* The tensor-core form's groups take whole (row, value head) runs (group_walk), so that a group
+     * prepares once for a run's tiles instead of once a tile: a verify where there are more items
+     * than groups (with no more, each group takes one item at most, and a run's tiles would wait on
+     * one another), a decode, whose preparation costs less, where there is a run for each group. */
     const int64_t pairs = (int64_t)p->B * p->HV, groups = (int64_t)sms * STREAM_CTAS_PER_SM * stream_groups<MMA>();
-    const bool runs = Lay::PREPARES && pairs >= groups;
+    const bool runs = Lay::PREPARES && (TOK > 1 ? pairs * (p->V / Lay::R) > groups : pairs >= groups);
     const int64_t units = runs ? pairs : pairs * (p->V / Lay::R);
     int64_t ctas = (int64_t)sms * STREAM_CTAS_PER_SM;
     if (ctas > units) ctas = units;
