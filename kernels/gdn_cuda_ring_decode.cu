@@ -894,7 +894,7 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
 
 template <int K, typename S, typename I, typename O, bool MMA, int TOK>
 __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_CTAS_PER_SM)
-    ring_decode_stream_kernel(const gdn__layer_params p, int stages, bool runs)
+    ring_decode_stream_kernel(const gdn__layer_params p, int stages, bool runs, bool speculate)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using Lay = stream_layout<K, S, MMA, TOK>;
@@ -971,14 +971,35 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                       TILE_BYTES, bar);
         };
 
+        /* Records 0..n-1 of slot r's ring for an item: their u (the tile's rows), and k (the key
+         * head's) and a (the 16 bytes holding the head's) where asked. */
+        const auto copy_records = [&](int head, int tile, int r, int n, bool with_k, unsigned char *stage, uint64_t *bar) {
+            if (lane == 0) barrier_expect_bytes(bar, n * (U_BYTES + (with_k ? K_BYTES : 0)));
+            __syncwarp();
+            if (lane < n) {
+                const char *record = static_cast<const char *>(p.ring) + ((int64_t)r * C + lane) * record_bytes;
+                bulk_copy(stage + lay.u + lane * Lay::U_STRIDE * 4, record + u_offset + ((int64_t)head * V + tile * R) * 4, U_BYTES, bar);
+                if (with_k) bulk_copy(stage + lay.krec + lane * K_BYTES, record + head / (HV / HK) * K_BYTES, K_BYTES, bar);
+                if (Lay::PREPARES) gdn__copy_async16(stage + lay.arec + lane * 16, record + gdn__ring_a_offset(HK, K) + head * 2 / 16 * 16);
+            }
+        };
+
         load_slots(0);
         const int per_group = stages / GROUPS; /* the group's stages: pg, pg + GROUPS, ... */
         const int first = my_count < per_group ? my_count : per_group;
+        /* speculate (grids of at most an item an SM, where the step is a chain of latencies): the
+         * tensor-core form copies every record of the ring before the wait too, not only the
+         * count's (which it reads after the wait): records are not written by the preceding kernel,
+         * and those past the count are not used. */
+        const bool speculate_records = Lay::PREPARES && speculate && my_count <= per_group;
         group_walk at((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles, runs);
         for (int k = 0; k < first; k++, at.next(HV, tiles)) {
             const int r = __shfl_sync(0xffffffffu, batch_r, k);
             const int st = pg + GROUPS * k;
-            if (__shfl_sync(0xffffffffu, batch_kind, k) == 2) copy_state(at.at.head, at.tile, r, smem + st * lay.bytes, &full[st]);
+            if (__shfl_sync(0xffffffffu, batch_kind, k) == 2) {
+                copy_state(at.at.head, at.tile, r, smem + st * lay.bytes, &full[st]);
+                if (speculate_records) copy_records(at.at.head, at.tile, r, C, true, smem + st * lay.bytes, &full[st]);
+            }
         }
         at = group_walk((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles, runs);
         if (p.overlap_preceding) gdn__wait_preceding();
@@ -1002,24 +1023,14 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                 const int i = at.at.i, head = at.at.head, tile = at.tile, kh = head / (HV / HK);
                 /* the tensor-core form prepares from every record's k and a; a write-back needs the k */
                 const bool records_k = Lay::PREPARES || flush;
-                if (lane == 0)
-                    barrier_expect_bytes(&full[s], (Lay::PREPARES ? 0u : (uint32_t)prep_floats * 4) + 2 * T * K_BYTES + h * U_BYTES +
-                                                       (records_k ? h * K_BYTES : 0));
-                __syncwarp();
-                const char *ring_r = static_cast<const char *>(p.ring) + (int64_t)r * C * record_bytes;
+                if (lane == 0) barrier_expect_bytes(&full[s], (Lay::PREPARES ? 0u : (uint32_t)prep_floats * 4) + 2 * T * K_BYTES);
+                copy_records(head, tile, r, speculate_records ? 0 : h, records_k, stage, &full[s]);
                 if (!Lay::PREPARES && lane == 0)
                     bulk_copy(stage + lay.prep, p.ring_prep + ((int64_t)i * HV + head) * prep_floats, prep_floats * 4, &full[s]);
                 if (lane >= 1 && lane <= 2 * T) { /* lanes 1..T: the tokens' k, T+1..2T: their q */
                     const int t = (lane - 1) % T;
                     if (lane <= T) bulk_copy(stage + lay.kin + t * K_BYTES, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh), K_BYTES, &full[s]);
                     else bulk_copy(stage + lay.qin + t * K_BYTES, static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh), K_BYTES, &full[s]);
-                }
-                if (lane < h) {
-                    const char *record = ring_r + lane * record_bytes;
-                    bulk_copy(stage + lay.u + lane * Lay::U_STRIDE * 4, record + u_offset + ((int64_t)head * V + tile * R) * 4, U_BYTES,
-                              &full[s]);
-                    if (records_k) bulk_copy(stage + lay.krec + lane * K_BYTES, record + kh * K_BYTES, K_BYTES, &full[s]);
-                    if (Lay::PREPARES) gdn__copy_async16(stage + lay.arec + lane * 16, record + gdn__ring_a_offset(HK, K) + head * 2 / 16 * 16);
                 }
                 for (int c = lane; c < T * R / 2; c += 32) {
                     const int t = c / (R / 2);
@@ -1230,6 +1241,9 @@ static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stre
     const int64_t pairs = (int64_t)p->B * p->HV, groups = (int64_t)sms * STREAM_CTAS_PER_SM * stream_groups<MMA>();
     const bool runs = Lay::PREPARES && (TOK > 1 ? pairs * (p->V / Lay::R) > groups : pairs >= groups);
     const int64_t units = runs ? pairs : pairs * (p->V / Lay::R);
+    /* At most an item an SM: the producers copy every record before the wait, not only the count's
+     * (more bytes, one dependent load fewer before the math). */
+    const bool speculate = Lay::PREPARES && pairs * (p->V / Lay::R) <= sms;
     int64_t ctas = (int64_t)sms * STREAM_CTAS_PER_SM;
     if (ctas > units) ctas = units;
     const int smem = (int)(stages * lay.bytes + lay.blocks_bytes);
@@ -1240,7 +1254,7 @@ static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stre
                                   p->overlap_preceding != 0, *p));
     }
     GDN__CUDA_TRY(gdn__launch(ring_decode_stream_kernel<K, S, I, O, MMA, TOK>, dim3((unsigned)ctas), dim3(STREAM_THREADS(stream_groups<MMA>())), smem, stream,
-                              p->overlap_preceding != 0, *p, (int)stages, runs));
+                              p->overlap_preceding != 0, *p, (int)stages, runs, speculate));
     return GDN_OK;
 }
 
@@ -1275,13 +1289,13 @@ static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream)
     return launch_stream_as<K, S, I, O, false>(p, stream);
 }
 
-/* The (row, value head) pairs for which a decode streams its state (the streamed pass): from 128
- * with bf16 state and bf16 inputs (the tensor-core form), from 1024 with other 2-byte cases,
- * 512..2048 with fp32 state; elsewhere the register pass (or, on large fp32 grids, the one-kernel
- * step) measured faster (bench/results/2026-11-25-h100-ring-stream.md,
- * bench/results/2026-11-25-h100-ring-stream-mma.md). */
+/* The (row, value head) pairs for which a decode streams its state (the streamed pass): every grid
+ * with bf16 state and bf16 inputs (the tensor-core form, which needs no preparation kernel), from
+ * 1024 with other 2-byte cases, 512..2048 with fp32 state; elsewhere the register pass (or, on large
+ * fp32 grids, the one-kernel step) measured faster (bench/results/2026-11-25-h100-ring-stream.md,
+ * bench/results/2026-11-25-h100-ring-stream-mma.md, bench/results/2026-11-26-h100-ring-verify-prepares.md). */
 #ifndef GDN__RING_STREAM_MIN_HEADS_MMA
-#define GDN__RING_STREAM_MIN_HEADS_MMA 128
+#define GDN__RING_STREAM_MIN_HEADS_MMA 0
 #endif
 #ifndef GDN__RING_STREAM_MIN_HEADS_BF16
 #define GDN__RING_STREAM_MIN_HEADS_BF16 1024
