@@ -988,9 +988,9 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
         const int per_group = stages / GROUPS; /* the group's stages: pg, pg + GROUPS, ... */
         const int first = my_count < per_group ? my_count : per_group;
         /* speculate (grids of at most an item an SM, where the step is a chain of latencies): the
-         * tensor-core form copies every record of the ring before the wait too, not only the
-         * count's (which it reads after the wait): records are not written by the preceding kernel,
-         * and those past the count are not used. */
+         * tensor-core form copies every record of the ring with the state tile, not only the
+         * count's (read below): records are not written by the preceding kernel, and those past
+         * the count are not used. */
         const bool speculate_records = Lay::PREPARES && speculate && my_count <= per_group;
         group_walk at((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles, runs);
         for (int k = 0; k < first; k++, at.next(HV, tiles)) {
@@ -1002,9 +1002,14 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             }
         }
         at = group_walk((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles, runs);
+        /* The tensor-core form reads the record counts before the wait too: like the records, they
+         * are not written by the preceding kernel (the workspace: gdn_op.h's overlap_preceding; in
+         * the engine a commit is followed by the next step's fetch, which its first layer waits
+         * for). The other forms read what the preparation kernel, the preceding kernel, wrote. */
+        if constexpr (Lay::PREPARES) load_counts(0);
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
-        load_counts(0);
+        if constexpr (!Lay::PREPARES) load_counts(0);
 
         for (int it = 0, s = pg, use = 0; it < my_count;
              it++, at.next(HV, tiles), s += GROUPS, use += s >= stages, s -= s >= stages ? stages : 0) {
