@@ -675,6 +675,61 @@ __device__ __forceinline__ void write_back_mma_rows(const unsigned char *tile_s,
     }
 }
 
+/* The same write-back on the tensor cores, for rows rowA and rowB (quad qg, place qt) and entries < 32:
+ * A[row][m] = coef(m, row) as a bf16 pair hi + lo (each product then carries about 2^-17 of its
+ * size, far below the bf16 state's rounding), B[m][col] = raw k_m[col] from krec_s (bf16, exact;
+ * zero past `entries`, where the stage may hold stale bytes), the accumulator starting at decay S0;
+ * an 8-column tile at a time. */
+template <int K, typename I, typename Coef>
+__device__ __forceinline__ void write_back_tensor_rows(const unsigned char *tile_s, int rowA, int rowB, int qg, int qt, float decay,
+                                                       int entries, Coef coef, const I *krec_s, __nv_bfloat16 *to)
+{
+    static_assert(GDN_MAX_RING_LENGTH <= 32, "two k-steps of 16 entries");
+    constexpr int PITCH = K * 2;
+    const int ksteps = (entries + 15) / 16;
+    const auto pack = [](__nv_bfloat162 v) {
+        uint32_t bits;
+        memcpy(&bits, &v, 4);
+        return bits;
+    };
+    uint32_t a_hi[2][4], a_lo[2][4];
+#pragma unroll
+    for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+        for (int reg = 0; reg < 4; reg++) { /* a0..a3 of the m16n8k16 A fragment: rows rowA / rowB, entries m, m + 1 */
+            const int m = ks * 16 + qt * 2 + (reg >> 1) * 8, row = reg & 1 ? rowB : rowA;
+            const float x0 = m < entries ? coef(m, row) : 0.0f, x1 = m + 1 < entries ? coef(m + 1, row) : 0.0f;
+            const __nv_bfloat162 hi = __floats2bfloat162_rn(x0, x1);
+            const float2 back = __bfloat1622float2(hi);
+            a_hi[ks][reg] = pack(hi);
+            a_lo[ks][reg] = pack(__floats2bfloat162_rn(x0 - back.x, x1 - back.y));
+        }
+    const unsigned short *k_bits = reinterpret_cast<const unsigned short *>(krec_s);
+#pragma unroll 2
+    for (int nt = 0; nt < K / 8; nt++) {
+        const int col = nt * 8 + qt * 2; /* the accumulator's columns col, col + 1 */
+        const float2 top = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(tile_s + rowA * PITCH + col * 2));
+        const float2 bottom = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(tile_s + rowB * PITCH + col * 2));
+        float acc[4] = {decay * top.x, decay * top.y, decay * bottom.x, decay * bottom.y};
+        const int bcol = nt * 8 + qg; /* the B fragment's column */
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            if (ks >= ksteps) break;
+            uint32_t b[2];
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int m = ks * 16 + qt * 2 + half * 8;
+                const uint32_t lo_bits = m < entries ? k_bits[m * K + bcol] : 0u, hi_bits = m + 1 < entries ? k_bits[(m + 1) * K + bcol] : 0u;
+                b[half] = lo_bits | hi_bits << 16;
+            }
+            mma_bf16_m16n8k16(acc, a_hi[ks][0], a_hi[ks][1], a_hi[ks][2], a_hi[ks][3], b[0], b[1]);
+            mma_bf16_m16n8k16(acc, a_lo[ks][0], a_lo[ks][1], a_lo[ks][2], a_lo[ks][3], b[0], b[1]);
+        }
+        *reinterpret_cast<__nv_bfloat162 *>(to + (int64_t)rowA * K + col) = __floats2bfloat162_rn(acc[0], acc[1]);
+        *reinterpret_cast<__nv_bfloat162 *>(to + (int64_t)rowB * K + col) = __floats2bfloat162_rn(acc[2], acc[3]);
+    }
+}
+
 /* A consumer warp's part of an item in the MMA form: state rows warp * 16 + (0..15) of the tile (warp:
  * its place in its group; leader: the group's first thread). A quad of lanes (qg = lane / 4) holds
  * rows rowA = warp * 16 + qg and rowB = rowA + 8 (tile_times_columns). B's column 0 is the token's
@@ -860,13 +915,12 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
     }
     if (!flush) return;
 
-    /* S_h = exp(P_{h-1}) S0 + sum_{m < h} fk[m] u_m raw_k_m (token 0's block), written to slot w (32
-     * columns a pass: the tokens' values above stay live). */
+    /* S_h = exp(P_{h-1}) S0 + sum_{m < h} fk[m] u_m raw_k_m (token 0's block), written to slot w, on the
+     * tensor cores. */
     const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec);
     const float *fk = blocks + PREP_HEADER;
-    write_back_mma_rows<K, 1, I>(
-        tile_s, rowA, rowB, qt, blocks[PREP_DECAY_ALL], h, [&](int m, int row) { return fk[m] * u_s[m * US + row]; },
-        [&](int m) { return krec_s + m * K; }, static_cast<S *>(p.state) + w * p.slot_stride + ((int64_t)head * V + tile * R) * K);
+    write_back_tensor_rows<K, I>(tile_s, rowA, rowB, qg, qt, blocks[PREP_DECAY_ALL], h, [&](int m, int row) { return fk[m] * u_s[m * US + row]; },
+                                 krec_s, static_cast<S *>(p.state) + w * p.slot_stride + ((int64_t)head * V + tile * R) * K);
 
     /* The row's last item (its group's first warp) writes the tokens' k, for every key head, and a, for
      * every value head, as records 0..T-1, and moves the count to 0. */
