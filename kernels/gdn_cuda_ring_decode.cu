@@ -737,7 +737,7 @@ __device__ __forceinline__ void write_back_tensor_rows(const unsigned char *tile
  * records' terms (record j on lane j mod 4) join them in one quad sum. */
 template <int K, typename I, typename O, typename Lay>
 __device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const unsigned char *stage, const Lay &lay, const float *prep,
-                                            int kind, int64_t i, int head, int tile, int64_t out_base, int warp, int lane, bool leader)
+                                            int kind, int head, int tile, int64_t out_base, int warp, int lane, bool leader)
 {
     using S = __nv_bfloat16;
     constexpr int R = Lay::R, US = Lay::U_STRIDE;
@@ -1188,7 +1188,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             if constexpr (TOK > 1)
                 consume_mma_verify<K, I, O, Lay>(p, stage, lay, prep_blocks, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
             else
-                consume_mma<K, I, O, Lay>(p, stage, lay, prep_blocks, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
+                consume_mma<K, I, O, Lay>(p, stage, lay, prep_blocks, kind, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
         } else if (kind != 2) {
             if (kind == 1 && p.error_flag && threadIdx.x == 0) *p.error_flag = 1;
             if (glane == 0)
@@ -1297,12 +1297,13 @@ static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stre
      * prepares once for a run's tiles instead of once a tile: a verify where there are more items
      * than groups (with no more, each group takes one item at most, and a run's tiles would wait on
      * one another), a decode, whose preparation costs less, where there is a run for each group. */
-    const int64_t pairs = (int64_t)p->B * p->HV, groups = (int64_t)sms * STREAM_CTAS_PER_SM * stream_groups<MMA>();
-    const bool runs = Lay::PREPARES && (TOK > 1 ? pairs * (p->V / Lay::R) > groups : pairs >= groups);
-    const int64_t units = runs ? pairs : pairs * (p->V / Lay::R);
+    const int64_t pairs = (int64_t)p->B * p->HV, items = pairs * (p->V / Lay::R);
+    const int64_t groups = (int64_t)sms * STREAM_CTAS_PER_SM * stream_groups<MMA>();
+    const bool runs = Lay::PREPARES && (TOK > 1 ? items > groups : pairs >= groups);
+    const int64_t units = runs ? pairs : items;
     /* At most an item an SM: the producers copy every record before the wait, not only the count's
      * (more bytes, one dependent load fewer before the math). */
-    const bool speculate = Lay::PREPARES && pairs * (p->V / Lay::R) <= sms;
+    const bool speculate = Lay::PREPARES && items <= sms;
     int64_t ctas = (int64_t)sms * STREAM_CTAS_PER_SM;
     if (ctas > units) ctas = units;
     const int smem = (int)(stages * lay.bytes + lay.blocks_bytes);
