@@ -246,6 +246,7 @@ int gdn_bench_drift_main(int argc, char **argv)
             c.num_buckets = 1, c.buckets[0] = rows;
             c.verify_strategy = vars[vi].strategy;
             c.ring_length = vars[vi].ring_length;
+            c.ring_write_through = -1; /* the ring's own decode: rounded at write-backs only */
             c.backend = backend;
             c.graph_mode = GDN_GRAPHS_LAZY;
             const gdn_status st = gdn_engine_create(&c, &eng[vi]);

@@ -31,7 +31,7 @@
  * the 2-byte input dtype; per value head V 4 + K 2 HK / HV + 2):
  *   ring decode:  S read, h records read (h: the row's fill level; its mean is (L - 1) / 2 once
  *                 staggered), one record appended, or S written instead when h + 1 == L (1 / L of
- *                 the rows);
+ *                 the rows), or in every row of a bucket within ring_write_through (gdn.h);
  *   ring verify:  S read, h records read, T records appended, S written when h + T > C (the flushes
  *                 are COUNTED by the mirror, not estimated); commit: the counts only (~0);
  *   cache:        decode S read + S written; verify S read + T states written to the cache, commit
@@ -106,6 +106,7 @@ typedef struct mirror {
     gdn_verify_strategy strategy;
     int32_t L, C;          /* ring length and capacity max(L, max_tokens) */
     int32_t *count;        /* [num_slots]: ring records (ring) or pending tokens (fold) */
+    const gdn_engine_config *resolved; /* ring: its buckets and ring_write_through */
     double state_b;        /* one slot's state, one layer */
     double rec_b;          /* one ring record of a row (all value heads) */
     double tok_b;          /* one stored fold token of a row */
@@ -124,9 +125,24 @@ static void mirror_zero_counters(mirror *m)
 
 static int32_t clamp_i(int32_t x, int32_t lo, int32_t hi) { return x < lo ? lo : x > hi ? hi : x; }
 
+/* Ring: whether a decode of B rows writes every row back (its bucket within ring_write_through). */
+static int mirror_writes_through(const mirror *m, int32_t B)
+{
+    const gdn_engine_config *c = m->resolved;
+    if (!c || c->ring_write_through < 1) return 0;
+    int32_t bucket = c->max_batch;
+    for (int32_t j = 0; j < c->num_buckets; j++)
+        if (c->buckets[j] >= B) {
+            bucket = c->buckets[j];
+            break;
+        }
+    return bucket <= c->ring_write_through;
+}
+
 static void mirror_decode(mirror *m, const int32_t *rows, int32_t B)
 {
     double st_r = 0, st_w = 0, rec_r = 0, rec_w = 0, io = 0, live = 0, h_sum = 0, wb = 0;
+    const int through = m->strategy == GDN_VERIFY_RING && mirror_writes_through(m, B);
     for (int32_t i = 0; i < B; i++) {
         const int32_t s = rows[i];
         m->changed[i] = 0;
@@ -135,7 +151,7 @@ static void mirror_decode(mirror *m, const int32_t *rows, int32_t B)
         if (m->strategy == GDN_VERIFY_RING) {
             const int32_t h = clamp_i(m->count[s], 0, m->C);
             h_sum += h, rec_r += h * m->rec_b;
-            if (h + 1 >= m->L) {
+            if (through || h + 1 >= m->L) {
                 st_w += m->state_b, wb++, m->count[s] = 0, m->changed[i] = 1;
             } else {
                 rec_w += m->rec_b, m->count[s] = h + 1;
@@ -783,7 +799,7 @@ int gdn_bench_strategies_main(int argc, char **argv)
                     c.L = L ? L : 1;
                     c.acc_host = acc_host, c.acc_dev = acc_dev, c.max_batch = max_b;
                     c.rows = malloc(sizeof(int32_t) * (size_t)max_b);
-                    c.m.strategy = va->strategy, c.m.L = L, c.m.C = C;
+                    c.m.strategy = va->strategy, c.m.L = L, c.m.C = C, c.m.resolved = rc;
                     c.m.count = calloc((size_t)o.num_slots, sizeof(int32_t));
                     c.m.changed = calloc((size_t)max_b, 1);
                     c.m.state_b = state_b, c.m.rec_b = rec_b;

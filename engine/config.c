@@ -308,6 +308,7 @@ gdn_status gdn_engine_config_validate(const gdn_engine_config *c)
         return GDN_ECONFIG_VERIFY;
     if (c->ring_length != 0 && (c->ring_length < GDN_MIN_RING_LENGTH || c->ring_length > GDN_MAX_RING_LENGTH))
         return GDN_ECONFIG_RING;
+    if (c->ring_write_through < -1) return GDN_ECONFIG_RING_WRITE_THROUGH;
     if (c->backend != GDN_BACKEND_AUTO && c->backend != GDN_BACKEND_CUDA && c->backend != GDN_BACKEND_CPU)
         return GDN_ECONFIG_BACKEND;
     if (c->graph_mode != GDN_GRAPHS_LAZY && c->graph_mode != GDN_GRAPHS_AT_CREATE && c->graph_mode != GDN_GRAPHS_OFF)
@@ -371,9 +372,23 @@ gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_confi
     if (overlap && strcmp(overlap, "0") == 0) resolved->launch_overlap = 0;
     resolved->verify_strategy = resolved_strategy(resolved);
     if (resolved->ring_length == 0) resolved->ring_length = GDN_DEFAULT_RING_LENGTH;
+    resolved->ring_write_through = gdn__ring_write_through_rows(resolved->ring_write_through, resolved->model.num_v_heads);
     if (resolved->model.scale == 0.0f) resolved->model.scale = 1.0f / sqrtf((float)resolved->model.head_dim_k);
     if (resolved->mixer.use_norm && resolved->mixer.norm_eps == 0.0f) resolved->mixer.norm_eps = 1e-6f;
     return GDN_OK;
+}
+
+int32_t gdn__ring_write_through_rows(int32_t option, int32_t num_v_heads)
+{
+    static int off = -1;
+    if (off < 0) { /* a benign race: every thread computes the same value */
+        const char *e = getenv("GDN_RING_WRITE_THROUGH");
+        off = e && strcmp(e, "0") == 0;
+    }
+    if (off || option < 0) return -1;
+    if (option > 0) return option;
+    const int32_t rows = num_v_heads > 0 ? GDN_RING_WRITE_THROUGH_HEADS / num_v_heads : 0;
+    return rows > 0 ? rows : -1;
 }
 
 int32_t gdn__bucket_for(const gdn_engine_config *resolved, int32_t batch)

@@ -20,6 +20,11 @@ void gdn__conv_pool_strides(const gdn_engine_config *c, int64_t *slot, int64_t *
 /* Tokens the CPU reference convolves per row at most (folded or replayed ones, then the step's own). */
 int32_t gdn__mixer_scratch_tokens(const gdn_engine_config *c);
 
+/* The ring strategy's write-through rule (gdn.h, ring_write_through): the most rows a decode step may
+ * have for it to write its states back, or -1 (never), from the option (0: the default, rows x HV <=
+ * GDN_RING_WRITE_THROUGH_HEADS) and GDN_RING_WRITE_THROUGH=0 in the environment (never). */
+int32_t gdn__ring_write_through_rows(int32_t option, int32_t num_v_heads);
+
 /* The smallest bucket >= batch of a resolved configuration (batch <= max_batch). */
 int32_t gdn__bucket_for(const gdn_engine_config *resolved, int32_t batch);
 

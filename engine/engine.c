@@ -308,6 +308,7 @@ static gdn_status allocate_everything(gdn_engine *e)
         .max_batch = c->max_batch,
         .max_tokens = c->max_tokens,
         .ring_length = c->ring_length,
+        .ring_write_through = c->ring_write_through,
     };
     if ((status = allocate_mixer(e)) != GDN_OK) return status; /* the layout depends on the mixer */
     e->stack.layout = gdn__op_layout_of(&e->stack.op, 0); /* the CPU backend has its own scratch */

@@ -5,6 +5,7 @@
  * serve the engine too, over a stack of layers.
  */
 #include "op_impl.h"
+#include "config.h"
 
 #include <math.h>
 #include <string.h>
@@ -37,6 +38,7 @@ gdn_status gdn__op_check_description(const gdn_op_layer *op)
     c.buckets[0] = op->max_batch;
     c.verify_strategy = op->strategy;
     c.ring_length = op->ring_length;
+    c.ring_write_through = op->ring_write_through;
     c.backend = op->backend;
     c.graph_mode = GDN_GRAPHS_OFF;
     return gdn_engine_config_validate(&c);
@@ -210,6 +212,10 @@ gdn__layer_params gdn__op_step_params(const gdn_op_layer *op, const gdn__op_layo
     p.overlap_preceding = op->overlap_preceding != 0;
     p.token_counts = op->token_counts;
     p.parents = op->parents;
+    /* A ring decode of few rows writes every row back: the kernels' rule with a ring length of 1. */
+    if (op->strategy == GDN_VERIFY_RING && op->kind == GDN_STEP_DECODE &&
+        op->batch <= gdn__ring_write_through_rows(op->ring_write_through, op->model.num_v_heads))
+        p.ring_length = 1;
     gdn__layer_params_views(&p, &op->q, &op->k, &op->v, &op->a, &op->b, &op->o);
     if (op->mixer) { /* x: one "head" of conv_dim channels; z as the output */
         p.mixer.x = op->x.data;

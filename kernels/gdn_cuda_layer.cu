@@ -55,6 +55,14 @@ static void resolve_mixer(gdn__layer_params *p)
     m->z_strides = gdn__strides_or_dense(m->z_strides, p->T, p->HV, p->V);
 }
 
+/* A ring decode that writes every row back (ring length 1: the op layer's write-through rule) runs as
+ * the cache strategy's decode, which applies the row's records first (gdn_cuda_layer_kernel.cuh). */
+static bool ring_writes_through(const gdn__layer_params *p)
+{
+    return p->ring && p->ring_length == 1 && p->T == 1 && !p->deferred_verify && !p->token_counts && !p->parents &&
+           !gdn__mixer_on(&p->mixer);
+}
+
 /* Shape and alignment checks shared by both entry points (GDN_ENOTSUP for what no instance runs). */
 static gdn_status check_shape(const gdn__layer_params *p)
 {
@@ -84,7 +92,7 @@ static gdn_status check_shape(const gdn__layer_params *p)
         return GDN_ENOTSUP;
     if ((p->token_store || p->ring) && !strides_keep(p->v_strides, 2)) return GDN_ENOTSUP; /* v in 4-byte pairs */
     if (p->token_store && (!gdn__aligned(p->token_store, 16) || !gdn__aligned(p->v, 4))) return GDN_ENOTSUP; /* cp.async */
-    return p->ring ? gdn__cuda_ring_step_supported(p) : dispatch(p, nullptr, false);
+    return p->ring && !ring_writes_through(p) ? gdn__cuda_ring_step_supported(p) : dispatch(p, nullptr, false);
 }
 
 extern "C" gdn_status gdn__cuda_layer_step(const gdn__layer_params *params, void *stream)
@@ -101,6 +109,6 @@ extern "C" gdn_status gdn__cuda_layer_step(const gdn__layer_params *params, void
         !p->read_slots || p->slot_stride < (int64_t)p->HV * p->V * p->K || p->num_slots < 0)
         return GDN_EINVAL;
     if (p->cache && p->cache_row_stride < (int64_t)p->T * p->HV * p->V * p->K) return GDN_EINVAL;
-    if (p->ring) return gdn__cuda_ring_step(p, stream);
+    if (p->ring && !ring_writes_through(p)) return gdn__cuda_ring_step(p, stream);
     return dispatch(p, static_cast<cudaStream_t>(stream), true);
 }

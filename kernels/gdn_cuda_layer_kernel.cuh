@@ -65,6 +65,70 @@ template <typename S, bool ONE_TOKEN, int REGS, bool FOLD, bool MIXER> constexpr
     return REGS >= 64 ? 4 : ONE_TOKEN && !FOLD && !MIXER && sizeof(S) == 4 && REGS >= 32 ? 1 : 6;
 }
 
+/* The ring strategy's write-through decode (gdn.h, ring_write_through; the kernels' rule with ring
+ * length 1) runs as this family's decode: slot r's h ring records are applied to the registers first
+ * (S = g_j S + u_j k^_j^T, u_j stored), then the token, and the state is stored into slot w. Its
+ * shared memory: the records' raw k [capacity][K] (input dtype), their u of the CTA's rows
+ * [capacity][cta_rows] and gates [capacity] (floats). */
+template <typename I> __host__ __device__ constexpr size_t ring_through_bytes(int K, int capacity, int cta_rows)
+{
+    return ((size_t)capacity * K * sizeof(I) + 15) / 16 * 16 + sizeof(float) * ((size_t)capacity * cta_rows + capacity);
+}
+
+template <int K, typename I, typename Geo>
+__device__ __forceinline__ void apply_ring_records(const gdn__layer_params &p, float (&st)[Geo::RT][Geo::NV][Geo::EV],
+                                                   float *smem, int64_t r, int h, int kh, int records, int tile_row0,
+                                                   int cta_rows, int local_row0, int glane, float A, float dt_bias)
+{
+    constexpr int EV = Geo::EV, NV = Geo::NV, L = Geo::L, G = Geo::G, RT = Geo::RT;
+    const int C = p.ring_capacity;
+    const int64_t record_bytes = gdn__ring_record_bytes(p.HK, p.HV, K, p.V);
+    const int64_t u_offset = gdn__ring_u_offset(p.HK, p.HV, K), a_offset = gdn__ring_a_offset(p.HK, K);
+    const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
+    I *raw_k = reinterpret_cast<I *>(smem);
+    float *u = reinterpret_cast<float *>(reinterpret_cast<char *>(smem) + ((size_t)C * K * sizeof(I) + 15) / 16 * 16);
+    float *gate = u + (size_t)C * cta_rows;
+    /* Every record's data in one round trip. */
+    constexpr int CHUNKS = K * (int)sizeof(I) / 16;
+    for (int c = threadIdx.x; c < records * CHUNKS; c += blockDim.x) {
+        const int m = c / CHUNKS, piece = c % CHUNKS;
+        gdn__copy_async16(raw_k + (size_t)m * K + piece * (16 / sizeof(I)),
+                          ring_r + m * record_bytes + (int64_t)kh * K * (int64_t)sizeof(I) + piece * 16);
+    }
+    const bool u16 = cta_rows % 4 == 0; /* 16-byte pieces (u_offset and the head's rows keep the alignment) */
+    const int per_record = u16 ? cta_rows / 4 : cta_rows;
+    for (int c = threadIdx.x; c < records * per_record; c += blockDim.x) {
+        const int m = c / per_record, piece = c % per_record;
+        const float *from = reinterpret_cast<const float *>(ring_r + m * record_bytes + u_offset) + (int64_t)h * p.V + tile_row0;
+        if (u16) gdn__copy_async16(u + (size_t)m * cta_rows + piece * 4, from + piece * 4);
+        else gdn__copy_async4(u + (size_t)m * cta_rows + piece, from + piece);
+    }
+    gdn__copy_async_commit();
+    for (int m = threadIdx.x; m < records; m += blockDim.x)
+        gate[m] = expf(token_log_decay(gdn__to_f32(reinterpret_cast<const I *>(ring_r + m * record_bytes + a_offset)[h]), A, dt_bias));
+    gdn__copy_async_wait_all();
+    __syncthreads();
+    for (int m = 0; m < records; m++) {
+        float k[NV][EV], kk = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NV; n++) {
+            gdn__load_vec<I, EV>(raw_k + (size_t)m * K + (n * L + glane) * EV, k[n]);
+#pragma unroll
+            for (int e = 0; e < EV; e++) kk = fmaf(k[n][e], k[n][e], kk);
+        }
+        kk = group_sum<L>(kk);
+        const float rk = p.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.0f, g = gate[m];
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+            const float c = u[(size_t)m * cta_rows + local_row0 + rt * G] * rk;
+#pragma unroll
+            for (int n = 0; n < NV; n++)
+#pragma unroll
+                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(g, st[rt][n][e], c * k[n][e]);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Kernel template                                                                                  */
 /* ---------------------------------------------------------------------------------------------- */
@@ -103,9 +167,10 @@ __host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int c
     return sizeof(float) * mixer_smem_floats<Geo, SETS>(threads, K, cta_rows, capacity, T) + parts.end;
 }
 
-template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER>
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING>
 __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIXER>())) layer_step_kernel(const gdn__layer_params p)
 {
+    static_assert(!RING || (ONE_TOKEN && !FOLD && !MIXER), "the ring's write-through is a decode of the cache strategy");
     constexpr bool SHARED = shared_staging<FOLD, MIXER>();
     constexpr int SETS = row_sets<FOLD || MIXER>();
     constexpr bool DECAY_OUTSIDE = FOLD && sizeof(S) == 2;
@@ -216,7 +281,12 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
     }
+    /* The ring's write-through decode: slot r's records are not written by the preceding kernel, so
+     * they are applied before the wait where the state is loaded before it. */
+    const int ring_records = RING ? min(max(p.ring_count[r], 0), p.ring_capacity) : 0;
     load_rows<K, S, Geo>(src, st, row0, glane);
+    if (RING && ring_records > 0) /* uniform over the CTA */
+        apply_ring_records<K, I, Geo>(p, st, smem, r, h, kh, ring_records, tile_row0, cta_rows, local_row0, glane, A, dt_bias);
     if (conv && !window_async) stage_window<I>(p, mc, raw, r); /* plain loads, behind the state's */
     if constexpr (STATE_BEFORE_WAIT) {
         if (p.overlap_preceding) gdn__wait_preceding();
@@ -432,6 +502,16 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
                                                  decay, set_row0, glane);
     }
 
+    /* Ring write-through: slot w's ring is empty now. The row's last CTA says so, once every CTA has
+     * read slot r's count. */
+    if (RING && (ring_records > 0 || r != w)) { /* uniform over the CTA */
+        __syncthreads();
+        if (threadIdx.x == 0 && atomicAdd(&p.arrivals[i], 1u) == gridDim.x - 1) {
+            p.ring_count[w] = 0;
+            p.arrivals[i] = 0;
+        }
+    }
+
     if constexpr (FOLD) { /* every CTA of the row has read slot r's tokens: slot w's may change */
         __shared__ int last_cta;
         if (threadIdx.x == 0) last_cta = arrival == gridDim.x - 1;
@@ -480,7 +560,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
 /* Launcher                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER>
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
     constexpr bool SHARED = shared_staging<FOLD, MIXER>();
@@ -509,8 +589,9 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     };
     const size_t smem = TREE_FORM && p->parents ? tree_staging(warps * 32, cta_rows, T, capacity, parts)
                         : SHARED                ? staging_bytes<Geo, SETS>(warps * 32, K, cta_rows, capacity, T, MIXER, parts)
+                        : RING                  ? ring_through_bytes<I>(K, p->ring_capacity, cta_rows)
                                                 : 0;
-    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER>;
+    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING>;
     if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per device and instance, up to the largest case */
         constexpr int most_tokens = GDN_MAX_TOKENS;
         constexpr int most_capacity = most_tokens + most_tokens; /* shared_tokens::capacity(true, ...) */
@@ -529,14 +610,17 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     return GDN_OK;
 }
 
-/* The instance holding as many state values a thread as state_regs_for picks for this grid. */
-template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool FOLD, bool MIXER>
+/* The instance holding as many state values a thread as state_regs_for picks for this grid. The
+ * ring's write-through (small grids by default) has no big instance: the small one serves there. */
+template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING = false>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
     switch (state_regs_for<K, S, shared_staging<FOLD, MIXER>()>(p, ONE_TOKEN)) {
-    case state_regs::big: return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, FOLD, MIXER>(p, stream);
-    case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, FOLD, MIXER>(p, stream);
-    default: return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER>(p, stream);
+    case state_regs::big:
+        if constexpr (!RING) return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
+        else return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
+    case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
+    default: return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     }
 }
 
@@ -544,6 +628,8 @@ static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 template <int K, typename S, typename I, typename O, bool MIXER>
 static gdn_status launch_strategy(const gdn__layer_params *p, cudaStream_t stream)
 {
+    if constexpr (!MIXER)
+        if (p->ring) return launch_tokens<K, S, I, O, true, false, false, true>(p, stream); /* the ring's write-through */
     if (p->token_store) /* fold; T = 0 is a flush (fold only) */
         return p->T == 1 ? launch_tokens<K, S, I, O, true, true, MIXER>(p, stream)
                          : launch_tokens<K, S, I, O, false, true, MIXER>(p, stream);

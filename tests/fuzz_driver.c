@@ -1350,6 +1350,7 @@ static gdn_status expected_config_status(const gdn_engine_config *c)
         return GDN_ECONFIG_VERIFY;
     if (c->ring_length != 0 && (c->ring_length < GDN_MIN_RING_LENGTH || c->ring_length > GDN_MAX_RING_LENGTH))
         return GDN_ECONFIG_RING;
+    if (c->ring_write_through < -1) return GDN_ECONFIG_RING_WRITE_THROUGH;
     const int be = (int)c->backend;
     if (be != GDN_BACKEND_AUTO && be != GDN_BACKEND_CUDA && be != GDN_BACKEND_CPU) return GDN_ECONFIG_BACKEND;
     const int gm = (int)c->graph_mode;
@@ -1465,7 +1466,9 @@ static void corrupt(fz *f, gdn_engine_config *c, unsigned field, unsigned v)
         }
         break;
     case 13: c->verify_strategy = (gdn_verify_strategy)(v % 2 ? 4 + (int)(v % 7) : 99); break;
-    case 14: { static const int32_t bad[] = {1, 3, 33, -1, 1000}; c->ring_length = bad[v % 5]; break; }
+    case 14:
+        if (v % 4 == 3) { c->ring_write_through = -2 - (int32_t)(v % 1000); break; }
+        { static const int32_t bad[] = {1, 3, 33, -1, 1000}; c->ring_length = bad[v % 5]; break; }
     case 15: c->backend = (gdn_backend_kind)(3 + (int)(v % 4)); break;
     case 16: c->graph_mode = (gdn_graph_mode)(3 + (int)(v % 4)); break;
     case 17: /* the caller's pool */

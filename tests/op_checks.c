@@ -198,6 +198,7 @@ void op_check_views(gdn_backend_kind backend, const char *preset, gdn_verify_str
         .max_batch = MAX_ROWS,
         .max_tokens = MAX_T,
         .ring_length = 5, /* short: write-backs happen inside the sequence */
+        .ring_write_through = -1, /* the ring's own decode (ring_checks.c tests the write-through) */
     };
     const int count = backend == GDN_BACKEND_CUDA ? 4 : 2;
     instance inst[4];
@@ -368,6 +369,7 @@ static work_op *make_work_op(gdn_backend_kind backend, gdn_verify_strategy strat
     op->backend = backend, op->input_dtype = GDN_DTYPE_BF16, op->output_dtype = GDN_DTYPE_F32;
     op->kind = GDN_STEP_VERIFY, op->tokens = WORK_T, op->batch = WORK_ROWS;
     op->strategy = strategy, op->max_batch = WORK_ROWS, op->max_tokens = WORK_T, op->ring_length = 6;
+    op->ring_write_through = -1; /* decodes leave pending work for the slot operations */
     for (int n = 0; n < W_BUFFERS; n++) w->mem[n] = backend_alloc(&w->be, work_bytes[n]);
     work_point(w); /* the pool's shape first: the workspace depends on it */
     w->workspace_bytes = gdn_op_workspace_bytes(op);

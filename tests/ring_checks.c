@@ -46,8 +46,10 @@ static double st_rel(const fx *f) { return f->c.state_dtype == GDN_DTYPE_BF16 ? 
 static double out_abs(const fx *f) { return f->c.state_dtype == GDN_DTYPE_BF16 ? 1e-3 : on_cpu(f) ? 1e-4 : 1e-3; }
 static double out_rel(const fx *f) { return f->c.state_dtype == GDN_DTYPE_BF16 ? 5e-3 : on_cpu(f) ? 1e-4 : 1e-3; }
 
-static fx fx_make(gdn_backend_kind backend, gdn_dtype state_dtype, int32_t ring_length, int32_t max_tokens,
-                  int32_t num_slots, int32_t max_batch, uint64_t seed)
+/* ring_write_through as gdn.h's (-1: decodes append records; the directed checks of the ring's own
+ * decode use that). */
+static fx fx_make_through(gdn_backend_kind backend, gdn_dtype state_dtype, int32_t ring_length, int32_t max_tokens,
+                          int32_t num_slots, int32_t max_batch, int32_t write_through, uint64_t seed)
 {
     fx f;
     memset(&f, 0, sizeof f);
@@ -56,6 +58,7 @@ static fx fx_make(gdn_backend_kind backend, gdn_dtype state_dtype, int32_t ring_
     f.c.output_dtype = GDN_DTYPE_F32; /* outputs checked tighter than bf16 allows */
     f.c.verify_strategy = GDN_VERIFY_RING;
     f.c.ring_length = ring_length;
+    f.c.ring_write_through = write_through;
     f.c.backend = backend;
     f.e = test_engine_create(&f.c, &f.rng, &f.params);
     f.c = *gdn_engine_get_config(f.e);
@@ -69,6 +72,20 @@ static fx fx_make(gdn_backend_kind backend, gdn_dtype state_dtype, int32_t ring_
     f.h = calloc(2 * (size_t)num_slots, sizeof(int32_t));
     f.live = calloc((size_t)num_slots, 1);
     return f;
+}
+
+static fx fx_make(gdn_backend_kind backend, gdn_dtype state_dtype, int32_t ring_length, int32_t max_tokens,
+                  int32_t num_slots, int32_t max_batch, uint64_t seed)
+{
+    return fx_make_through(backend, state_dtype, ring_length, max_tokens, num_slots, max_batch, -1, seed);
+}
+
+/* The bucket a step of n rows runs in. */
+static int32_t fx_bucket(const fx *f, int32_t n)
+{
+    for (int32_t b = 0; b < f->c.num_buckets; b++)
+        if (f->c.buckets[b] >= n) return f->c.buckets[b];
+    return f->c.max_batch;
 }
 
 static void fx_free(fx *f)
@@ -191,7 +208,8 @@ static int32_t fx_step(fx *f, gdn_step_kind kind, int32_t T, int32_t n, const in
             if (rows[i] < 0) continue;
             const int32_t r = rows[i], w = writes ? writes[i] : r, h = *h_of(f, r, l);
             const int32_t keep = verify ? (accepted ? accepted[i] : 0) : 1;
-            const int flush = r != w || (verify ? h + T > f->capacity : h + 1 >= f->c.ring_length);
+            const int through = !verify && fx_bucket(f, n) <= f->c.ring_write_through; /* resolved: -1 never */
+            const int flush = r != w || through || (verify ? h + T > f->capacity : h + 1 >= f->c.ring_length);
             if (r != w) {
                 memcpy(cur_of(f, w, l), cur_of(f, r, l), sizeof(double) * f->elems);
                 f->live[w] = 1;
@@ -524,4 +542,54 @@ void ring_check_slots_outside_the_step_and_padding_rows_are_bit_exact(gdn_backen
         for (int i = 0; i < 8; i++) fx_read_all(&f, s[i]);
         fx_free(&f);
     }
+}
+
+/* Decode steps of at most ring_write_through rows write every row back (after applying its records)
+ * and leave its ring empty; larger ones append. Explicit row counts, the default (128 row-heads) and
+ * -1; forks, padding rows, rings filled by verifies and by larger decodes; every step checked against
+ * the model (outputs, pools bit for bit). */
+void ring_check_small_decodes_write_through(gdn_backend_kind backend)
+{
+    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    for (int d = 0; d < 2; d++) {
+        /* buckets 1, 2, 4: rows <= 2 write through */
+        fx f = fx_make_through(backend, dtypes[d], 8, 4, 8, 4, 2, 690 + (uint64_t)d);
+        cr_assert_eq(f.c.ring_write_through, 2);
+        int32_t s[4];
+        for (int j = 0; j < 4; j++) s[j] = fx_alloc(&f);
+        const int32_t L = f.layers;
+        cr_assert_eq(fx_decode(&f, 1, &s[0]), L, "a one-row decode writes back");
+        cr_assert_eq(*h_of(&f, s[0], 0), 0);
+        cr_assert_eq(fx_step(&f, GDN_STEP_DECODE, 1, 3, s, NULL, NULL), 0, "bucket 4 appends");
+        cr_assert_eq(*h_of(&f, s[1], 1), 1);
+        const int32_t acc[] = {3, 1, 0, 2};
+        cr_assert_eq(fx_step(&f, GDN_STEP_VERIFY, 4, 4, s, NULL, acc), 0);
+        cr_assert_eq(*h_of(&f, s[0], 0), 4, "1 + 3 accepted");
+        /* Rows with 4, 2, 1 records written through, a padding row between them. */
+        const int32_t two[] = {s[0], -1};
+        cr_assert_eq(fx_step(&f, GDN_STEP_DECODE, 1, 2, two, NULL, NULL), L, "records applied, written back");
+        cr_assert_eq(*h_of(&f, s[0], 1), 0);
+        cr_assert_eq(fx_decode(&f, 1, &s[1]), L);
+        /* Forks: records (s[2]: 1) and none (s[0]) into freed slots; the read slots keep theirs. */
+        fx_release(&f, s[3]);
+        int32_t fresh;
+        cr_assert_eq(gdn_slot_alloc(f.e, &fresh), GDN_OK);
+        const int32_t reads[] = {s[2], s[0]}, writes[] = {fresh, s[0]};
+        cr_assert_eq(fx_step(&f, GDN_STEP_DECODE, 1, 2, reads, writes, NULL), 2 * L);
+        cr_assert_eq(*h_of(&f, s[2], 0), 1, "the read slot keeps its ring");
+        cr_assert_eq(*h_of(&f, fresh, 0), 0);
+        for (int k = 0; k < 3; k++) fx_decode(&f, 1, &s[2]);
+        fx_read_all(&f, s[2]), fx_read_all(&f, fresh);
+        fx_free(&f);
+    }
+    /* The default: 128 row-heads; -1: never. */
+    fx f = fx_make_through(backend, GDN_DTYPE_F32, 8, 2, 4, 4, 0, 694);
+    const int32_t rows = GDN_RING_WRITE_THROUGH_HEADS / f.c.model.num_v_heads;
+    cr_assert_eq(f.c.ring_write_through, rows > 0 ? rows : -1);
+    fx_free(&f);
+    f = fx_make_through(backend, GDN_DTYPE_F32, 8, 2, 4, 4, -1, 695);
+    cr_assert_eq(f.c.ring_write_through, -1);
+    const int32_t s0 = fx_alloc(&f);
+    cr_assert_eq(fx_decode(&f, 1, &s0), 0, "never: a one-row decode appends");
+    fx_free(&f);
 }

@@ -35,4 +35,8 @@ void ring_check_forks_write_back_into_the_new_slot(gdn_backend_kind backend);
  * pools untouched bit for bit, padding outputs zero, rings intact. */
 void ring_check_slots_outside_the_step_and_padding_rows_are_bit_exact(gdn_backend_kind backend);
 
+/* Decode steps of at most ring_write_through rows write every row back after applying its records
+ * and empty its ring; larger ones append (explicit counts, the default, -1). */
+void ring_check_small_decodes_write_through(gdn_backend_kind backend);
+
 #endif /* GDN_TESTS_RING_CHECKS_H */

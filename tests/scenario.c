@@ -102,6 +102,7 @@ scenario_result run_scenario(const scenario_options *o)
     config.graph_mode = o->graph_mode;
     config.verify_strategy = o->strategy;
     config.ring_length = o->ring_length;
+    config.ring_write_through = o->ring_write_through ? o->ring_write_through : -1;
     const int fold = o->strategy == GDN_VERIFY_FOLD, ring = o->strategy == GDN_VERIFY_RING;
     const int32_t check_every = o->check_every > 0 ? o->check_every : 1;
     float *params = NULL;
@@ -186,9 +187,11 @@ scenario_result run_scenario(const scenario_options *o)
             if (rows[i] < 0) continue;
             const int32_t h = reqs[row_req[i]].npending;
             const int fork = forked_from[i] >= 0;
-            row_flush[i] = (uint8_t)(fork || (verify ? h + T > ring_capacity : h + 1 >= ring_length));
+            const int through = !verify && bucket <= config.ring_write_through; /* resolved: -1 never */
+            row_flush[i] = (uint8_t)(fork || through || (verify ? h + T > ring_capacity : h + 1 >= ring_length));
             if (row_flush[i] && h < 64) result.ring_flush_depths |= 1ull << h;
             if (fork) result.ring_flush_fork += h > 0;
+            else if (through) result.ring_write_throughs++;
             else if (row_flush[i] && verify) result.ring_flush_verify++;
             else if (row_flush[i]) result.ring_flush_decode++;
             /* Records written: a verify's T (tentatively) after the ring's records, or from 0 after its

@@ -24,6 +24,9 @@ typedef struct scenario_options {
     int32_t check_every; /* compare every live state every this many steps (and at the end); 0 = 1 */
     int32_t min_live;    /* admit requests until at least this many are live (large batches); 0 = none */
     int32_t ring_length; /* GDN_VERIFY_RING: the engine's ring_length (0: the default) */
+    /* GDN_VERIFY_RING: the engine's ring_write_through when nonzero; 0 here means -1 (never), so that a
+     * scenario tests the ring's own decode unless it asks for write-throughs. */
+    int32_t ring_write_through;
     int32_t request_scale; /* a request wants (1..24) x this many tokens (long requests fill long rings); 0 = 1 */
     uint64_t seed;
     /* Optional (may be NULL): receives at the end the states of the requests still live, as
@@ -47,6 +50,7 @@ typedef struct scenario_result {
     int32_t ring_flush_verify; /* a verify that did not fit (h + T > capacity), not a fork */
     int32_t ring_flush_fork;   /* a fork (write slot != read slot) of a request with records (h > 0) */
     int32_t ring_flush_read;   /* a state check (gdn_slot_read_state) that found records */
+    int32_t ring_write_throughs; /* a decode in a bucket of at most ring_write_through rows (not a fork) */
     int32_t ring_largest;      /* the most records a request held after a step */
     uint64_t ring_positions;   /* bit j: a step wrote a record at ring position j */
     uint64_t ring_flush_depths; /* bit h: a kernel write-back (decode, verify, fork) applied h records */

@@ -50,6 +50,7 @@ gdn_engine *slot_ops_engine_with_pending(gdn_backend_kind backend, gdn_verify_st
     c.backend = backend;
     c.verify_strategy = strategy;
     c.ring_length = 8;
+    c.ring_write_through = -1; /* decodes leave records for the slot operations */
     test_rng rng = test_rng_seeded(seed);
     gdn_engine *e = test_engine_create(&c, &rng, NULL);
     for (int32_t s = 0; s < 8; s++) {

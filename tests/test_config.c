@@ -184,6 +184,36 @@ Test(config, rejects_bad_ring_length)
     }
 }
 
+/* ring_write_through: below -1 refused with its own code (after ring_length, before backend); -1, 0
+ * and row counts accepted; 0 resolves to 128 row-heads' worth of rows, -1 and counts stay. */
+Test(config, ring_write_through_is_checked_and_resolved)
+{
+    gdn_engine_config c = valid();
+    c.verify_strategy = GDN_VERIFY_RING;
+    const int32_t bad[] = {-2, -100, INT32_MIN};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        c.ring_write_through = bad[i];
+        expect_invalid(&c, GDN_ECONFIG_RING_WRITE_THROUGH);
+    }
+    c.ring_length = 3;
+    expect_invalid(&c, GDN_ECONFIG_RING);
+    c.ring_length = 0;
+    c.backend = (gdn_backend_kind)7;
+    expect_invalid(&c, GDN_ECONFIG_RING_WRITE_THROUGH);
+    c = valid();
+    c.verify_strategy = GDN_VERIFY_RING;
+    const int32_t good[] = {-1, 0, 1, 3, 1 << 20};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        c.ring_write_through = good[i];
+        gdn_engine *e = NULL;
+        cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK, "ring_write_through %d", good[i]);
+        const int32_t rows = GDN_RING_WRITE_THROUGH_HEADS / c.model.num_v_heads;
+        const int32_t expected = good[i] ? good[i] : rows > 0 ? rows : -1;
+        cr_assert_eq(gdn_engine_get_config(e)->ring_write_through, expected, "ring_write_through %d", good[i]);
+        gdn_engine_destroy(e);
+    }
+}
+
 Test(config, ring_length_zero_resolves_to_the_default_and_the_ring_replaces_the_cache)
 {
     gdn_engine_config c = valid(); /* ring_length 0 */

@@ -148,6 +148,27 @@ Test(gpu_fold, ring_sixteen_token_verifies_match_the_host_model, .timeout = 900)
         }
 }
 
+/* qwen3-next with its default write-through (buckets of up to 4 rows, the 128 row-heads rule) beside
+ * ring decodes in bucket 8: random serving, both dtypes, against the host model. */
+Test(gpu_fold, ring_small_decodes_write_through_match_the_host_model, .timeout = 900)
+{
+    test_require_gpu();
+    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    for (int d = 0; d < 2; d++) {
+        scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_RING, .layers = 2, .steps = 60,
+                              .num_slots = 12, .max_batch = 8, .max_tokens = 4, .check_every = 6, .ring_length = 8,
+                              .ring_write_through = GDN_RING_WRITE_THROUGH_HEADS / 32, .seed = 770 + (uint64_t)d};
+        scenario_result r = run_scenario(&o);
+        cr_log_info("qwen3-next %s ring write-through <= 4 rows: worst state %.1f%%, output %.1f%% of tolerance; "
+                    "write-throughs %d, decode write-backs %d, verify %d, fork %d",
+                    d ? "bf16" : "fp32", 100 * r.worst_state, 100 * r.worst_output, r.ring_write_throughs,
+                    r.ring_flush_decode, r.ring_flush_verify, r.ring_flush_fork);
+        if (test_full_length()) cr_assert_gt(r.ring_write_throughs, 5);
+        if (test_full_length()) cr_assert_gt(r.verify_steps, 0);
+    }
+}
+
 /* Batches of up to 64 rows of qwen3-next with the ring strategy (large grids). */
 Test(gpu_fold, ring_large_batches_match_the_host_model, .timeout = 900)
 {
@@ -262,6 +283,12 @@ Test(gpu_fold, ring_slots_outside_the_step_and_padding_rows_are_bit_exact)
 {
     test_require_gpu();
     ring_check_slots_outside_the_step_and_padding_rows_are_bit_exact(GDN_BACKEND_CUDA);
+}
+
+Test(gpu_fold, ring_small_decodes_write_through)
+{
+    test_require_gpu();
+    ring_check_small_decodes_write_through(GDN_BACKEND_CUDA);
 }
 
 /* The ring decode's streamed state pass runs by default only from mid-size grids (2-byte state from

@@ -82,6 +82,7 @@ MUTATION(no_slots, op->pool.num_slots = 0)
 MUTATION(no_batch, op->max_batch = 0)
 MUTATION(too_many_tokens, op->max_tokens = GDN_MAX_TOKENS + 1)
 MUTATION(short_ring, op->ring_length = 3)
+MUTATION(write_through_below_never, op->ring_write_through = -2)
 MUTATION(unknown_kind, op->kind = (gdn_step_kind)7)
 MUTATION(decode_of_two, op->kind = GDN_STEP_DECODE)
 MUTATION(verify_too_long, op->tokens = TOKENS + 1)
@@ -114,6 +115,7 @@ Test(op, bad_descriptions_are_refused_and_change_nothing)
         {no_batch, GDN_ECONFIG_MAX_BATCH, "max_batch 0"},
         {too_many_tokens, GDN_ECONFIG_MAX_TOKENS, "max_tokens 17"},
         {short_ring, GDN_ECONFIG_RING, "ring_length 3"},
+        {write_through_below_never, GDN_ECONFIG_RING_WRITE_THROUGH, "ring_write_through -2"},
         {unknown_kind, GDN_ESTEP_KIND, "kind 7"},
         {decode_of_two, GDN_ESTEP_TOKENS, "decode with T = 2"},
         {verify_too_long, GDN_ESTEP_TOKENS, "T > max_tokens"},

@@ -68,6 +68,26 @@ static void expect_write_backs_at_every_depth(const scenario_result *r)
     cr_assert_eq(r->ring_flush_depths & depths, depths, "write-back depths %#llx", (unsigned long long)r->ring_flush_depths);
 }
 
+/* Buckets of up to 4 rows write through (of 1, 2, 4, 8, 16): both dtypes, random serving. */
+Test(ring, scenario_small_decodes_write_through, .timeout = 300)
+{
+    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    for (int d = 0; d < 2; d++) {
+        scenario_options o = {.preset = "tiny", .backend = GDN_BACKEND_CPU, .graph_mode = GDN_GRAPHS_LAZY,
+                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_RING, .layers = 2, .steps = 120,
+                              .num_slots = 24, .max_batch = 16, .max_tokens = 4, .check_every = 7, .ring_length = 8,
+                              .ring_write_through = 4, .seed = 606 + (uint64_t)d};
+        scenario_result r = run_scenario(&o);
+        cr_log_info("ring write-through <= 4 rows %s: worst state %.1f%%, output %.1f%%; write-throughs %d, "
+                    "decode write-backs %d, verify %d",
+                    d ? "bf16" : "fp32", 100 * r.worst_state, 100 * r.worst_output, r.ring_write_throughs, r.ring_flush_decode,
+                    r.ring_flush_verify);
+        cr_assert_gt(r.ring_write_throughs, 5);
+        cr_assert_gt(r.largest_bucket, 4, "larger buckets append");
+        if (dtypes[d] == GDN_DTYPE_F32) cr_assert_lt(r.rms_vs_exact, 1e-5, "fp32: %.3g", r.rms_vs_exact);
+    }
+}
+
 Test(ring, scenario_fp32_ring_of_4_read_every_step, .timeout = 300)
 {
     /* Each read writes back: rings hold at most one step's tokens when a step begins. */
@@ -205,6 +225,8 @@ Test(ring, slots_outside_the_step_and_padding_rows_are_bit_exact)
 {
     ring_check_slots_outside_the_step_and_padding_rows_are_bit_exact(GDN_BACKEND_CPU);
 }
+
+Test(ring, small_decodes_write_through) { ring_check_small_decodes_write_through(GDN_BACKEND_CPU); }
 
 /* The step path allocates no host memory with the ring strategy either: verifies that do not fit
  * (written back) and their commits, decodes that fill rings and that write them back, and the first

@@ -94,6 +94,7 @@ GDN_API int gdn_version(void);
     XX(ECONFIG_VIEWS, -36, "config: an io view has no data, or breaks the alignment its tensor needs") \
     XX(ECONFIG_MIXER, -37, "config: mixer: conv_width must be 0 or 2..4, conv_weight_dtype F32 or BF16, norm_eps finite and >= 0") \
     XX(ECONFIG_CONV_POOL, -38, "config: mixer.conv_pool without the conv, or its strides too small or not one block per slot") \
+    XX(ECONFIG_RING_WRITE_THROUGH, -39, "config: ring_write_through must be -1 (never), 0 (the default) or a row count") \
     XX(ESTEP_KIND, -40, "step: kind must be GDN_STEP_DECODE or GDN_STEP_VERIFY")                   \
     XX(ESTEP_BATCH, -41, "step: batch must be between 0 and max_batch")                            \
     XX(ESTEP_TOKENS, -42, "step: tokens must be 1 for decode and 1..max_tokens for verify; token counts 1..tokens, verify only") \
@@ -171,6 +172,9 @@ typedef enum gdn_verify_strategy {
 #define GDN_MIN_RING_LENGTH 4
 #define GDN_MAX_RING_LENGTH 32
 #define GDN_DEFAULT_RING_LENGTH 16
+/* Ring strategy: the default ring_write_through covers decode steps of at most this many row-heads
+ * (rows x num_v_heads). */
+#define GDN_RING_WRITE_THROUGH_HEADS 128
 
 /* When the CUDA backend captures a step's CUDA graph (one per bucket, T and step kind; a verify step
  * with token_counts or parents, gdn_step, has its own, captured on its first use in every mode). */
@@ -282,6 +286,16 @@ typedef struct gdn_engine_config {
     int32_t buckets[GDN_MAX_BUCKETS]; /* padded batch sizes, strictly increasing, last == max_batch */
     gdn_verify_strategy verify_strategy;
     int32_t ring_length;    /* GDN_VERIFY_RING: 0 (GDN_DEFAULT_RING_LENGTH) or 4..32, checked for every strategy */
+    /* GDN_VERIFY_RING: a decode step of at most this many rows (its bucket) writes every row's state
+     * back, as the cache strategy's decode does, instead of appending a record: on small grids the
+     * step is bound by its latency chain, not by the state's bytes, and the write-back costs nothing
+     * there while the ring's preparation does. With bf16 state such steps round the state to bf16
+     * each time, like the cache strategy. 0: the default, steps of at most 128 / num_v_heads rows
+     * (GDN_RING_WRITE_THROUGH_HEADS row-heads; the measurements: bench/results, README); -1: never
+     * (the ring's rounding at write-backs only). Checked for every strategy (GDN_ECONFIG_RING_WRITE_THROUGH
+     * below -1); gdn_engine_get_config reports the row count chosen, or -1. The environment variable
+     * GDN_RING_WRITE_THROUGH=0 also turns it off (A/B runs). */
+    int32_t ring_write_through;
     gdn_backend_kind backend;
     int32_t device;         /* CUDA device ordinal (CUDA backend) */
     /*

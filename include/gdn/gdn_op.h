@@ -80,6 +80,9 @@ typedef struct gdn_op_layer {
     int32_t max_batch;   /* the workspace's shape: most rows, most tokens, ring length (0: 16) */
     int32_t max_tokens;
     int32_t ring_length;
+    /* RING decode steps of at most this many rows (batch) write every row's state back instead of
+     * appending a record (gdn.h's ring_write_through: 0 the default, -1 never). Not a shape field. */
+    int32_t ring_write_through;
 
     /* CUDA, compute capability 9.0 and up: nonzero launches the step (and the commit) with
      * programmatic dependent launch: the kernel loads its rows' state before the kernel preceding it
