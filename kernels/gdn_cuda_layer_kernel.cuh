@@ -60,71 +60,61 @@
 /* Minimum resident 128-thread CTAs per SM (__launch_bounds__), i.e. the register cap, measured on
  * H200 (bench/results/2026-11-21-h200-kernels.md): 64 values per thread: 4 (128 registers); fp32
  * decode of the cache strategy: uncapped; otherwise 6 (80 registers). */
-template <typename S, bool ONE_TOKEN, int REGS, bool FOLD, bool MIXER> constexpr int min_blocks()
+template <typename S, bool ONE_TOKEN, int REGS, bool FOLD, bool MIXER, bool RING> constexpr int min_blocks()
 {
+    /* The decode's small instance (mid-size grids, up to a few waves of 128-thread CTAs): 8, so
+     * that 64 registers fit 8 CTAs of an SM; its records loop (the ring's write-through) otherwise
+     * takes it past the cache decode's registers. */
+    if (ONE_TOKEN && !FOLD && !MIXER && REGS == GDN__STATE_REGS_SMALL) return 8;
     return REGS >= 64 ? 4 : ONE_TOKEN && !FOLD && !MIXER && sizeof(S) == 4 && REGS >= 32 ? 1 : 6;
 }
 
 /* The ring strategy's write-through decode (gdn.h, ring_write_through; the kernels' rule with ring
  * length 1) runs as this family's decode: slot r's h ring records are applied to the registers first
- * (S = g_j S + u_j k^_j^T, u_j stored), then the token, and the state is stored into slot w. Its
- * shared memory: the records' raw k [capacity][K] (input dtype), their u of the CTA's rows
- * [capacity][cta_rows] and gates [capacity] (floats). */
-template <typename I> __host__ __device__ constexpr size_t ring_through_bytes(int K, int capacity, int cta_rows)
-{
-    return ((size_t)capacity * K * sizeof(I) + 15) / 16 * 16 + sizeof(float) * ((size_t)capacity * cta_rows + capacity);
-}
-
+ * (S = g_j S + u_j k^_j^T, u_j stored), then the token, and the state is stored into slot w. Records
+ * are read straight into registers, GDN__RING_THROUGH_BATCH at a time (one round trip a batch), so
+ * the instance needs no shared memory, like the cache decode it is (a kernel with shared memory
+ * measured slower on these grids). */
+#define GDN__RING_THROUGH_BATCH 2
 template <int K, typename I, typename Geo>
 __device__ __forceinline__ void apply_ring_records(const gdn__layer_params &p, float (&st)[Geo::RT][Geo::NV][Geo::EV],
-                                                   float *smem, int64_t r, int h, int kh, int records, int tile_row0,
-                                                   int cta_rows, int local_row0, int glane, float A, float dt_bias)
+                                                   int64_t r, int h, int kh, int records, int row0, int glane, float A,
+                                                   float dt_bias)
 {
-    constexpr int EV = Geo::EV, NV = Geo::NV, L = Geo::L, G = Geo::G, RT = Geo::RT;
-    const int C = p.ring_capacity;
+    constexpr int EV = Geo::EV, NV = Geo::NV, L = Geo::L, G = Geo::G, RT = Geo::RT, BATCH = GDN__RING_THROUGH_BATCH;
     const int64_t record_bytes = gdn__ring_record_bytes(p.HK, p.HV, K, p.V);
     const int64_t u_offset = gdn__ring_u_offset(p.HK, p.HV, K), a_offset = gdn__ring_a_offset(p.HK, K);
-    const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
-    I *raw_k = reinterpret_cast<I *>(smem);
-    float *u = reinterpret_cast<float *>(reinterpret_cast<char *>(smem) + ((size_t)C * K * sizeof(I) + 15) / 16 * 16);
-    float *gate = u + (size_t)C * cta_rows;
-    /* Every record's data in one round trip. */
-    constexpr int CHUNKS = K * (int)sizeof(I) / 16;
-    for (int c = threadIdx.x; c < records * CHUNKS; c += blockDim.x) {
-        const int m = c / CHUNKS, piece = c % CHUNKS;
-        gdn__copy_async16(raw_k + (size_t)m * K + piece * (16 / sizeof(I)),
-                          ring_r + m * record_bytes + (int64_t)kh * K * (int64_t)sizeof(I) + piece * 16);
-    }
-    const bool u16 = cta_rows % 4 == 0; /* 16-byte pieces (u_offset and the head's rows keep the alignment) */
-    const int per_record = u16 ? cta_rows / 4 : cta_rows;
-    for (int c = threadIdx.x; c < records * per_record; c += blockDim.x) {
-        const int m = c / per_record, piece = c % per_record;
-        const float *from = reinterpret_cast<const float *>(ring_r + m * record_bytes + u_offset) + (int64_t)h * p.V + tile_row0;
-        if (u16) gdn__copy_async16(u + (size_t)m * cta_rows + piece * 4, from + piece * 4);
-        else gdn__copy_async4(u + (size_t)m * cta_rows + piece, from + piece);
-    }
-    gdn__copy_async_commit();
-    for (int m = threadIdx.x; m < records; m += blockDim.x)
-        gate[m] = expf(token_log_decay(gdn__to_f32(reinterpret_cast<const I *>(ring_r + m * record_bytes + a_offset)[h]), A, dt_bias));
-    gdn__copy_async_wait_all();
-    __syncthreads();
-    for (int m = 0; m < records; m++) {
-        float k[NV][EV], kk = 0.0f;
+    const char *ring_r = static_cast<const char *>(p.ring) + r * p.ring_capacity * record_bytes;
+    for (int m0 = 0; m0 < records; m0 += BATCH) {
+        float k[BATCH][NV][EV], u[BATCH][RT], a[BATCH];
 #pragma unroll
-        for (int n = 0; n < NV; n++) {
-            gdn__load_vec<I, EV>(raw_k + (size_t)m * K + (n * L + glane) * EV, k[n]);
+        for (int b = 0; b < BATCH; b++) { /* past the last record: the last one again, not applied */
+            const char *rec = ring_r + min(m0 + b, records - 1) * record_bytes;
 #pragma unroll
-            for (int e = 0; e < EV; e++) kk = fmaf(k[n][e], k[n][e], kk);
+            for (int n = 0; n < NV; n++) gdn__load_vec<I, EV>(reinterpret_cast<const I *>(rec) + kh * K + (n * L + glane) * EV, k[b][n]);
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) u[b][rt] = reinterpret_cast<const float *>(rec + u_offset)[(int64_t)h * p.V + row0 + rt * G];
+            a[b] = gdn__to_f32(reinterpret_cast<const I *>(rec + a_offset)[h]);
         }
-        kk = group_sum<L>(kk);
-        const float rk = p.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.0f, g = gate[m];
 #pragma unroll
-        for (int rt = 0; rt < RT; rt++) {
-            const float c = u[(size_t)m * cta_rows + local_row0 + rt * G] * rk;
+        for (int b = 0; b < BATCH; b++) {
+            if (m0 + b >= records) break; /* uniform over the CTA */
+            float kk = 0.0f;
 #pragma unroll
             for (int n = 0; n < NV; n++)
 #pragma unroll
-                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(g, st[rt][n][e], c * k[n][e]);
+                for (int e = 0; e < EV; e++) kk = fmaf(k[b][n][e], k[b][n][e], kk);
+            kk = group_sum<L>(kk);
+            const float rk = p.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.0f;
+            const float g = expf(token_log_decay(a[b], A, dt_bias));
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                const float c = u[b][rt] * rk;
+#pragma unroll
+                for (int n = 0; n < NV; n++)
+#pragma unroll
+                    for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(g, st[rt][n][e], c * k[b][n][e]);
+            }
         }
     }
 }
@@ -168,7 +158,7 @@ __host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int c
 }
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING>
-__global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIXER>())) layer_step_kernel(const gdn__layer_params p)
+__global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIXER, RING>())) layer_step_kernel(const gdn__layer_params p)
 {
     static_assert(!RING || (ONE_TOKEN && !FOLD && !MIXER), "the ring's write-through is a decode of the cache strategy");
     constexpr bool SHARED = shared_staging<FOLD, MIXER>();
@@ -281,17 +271,18 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
     }
-    /* The ring's write-through decode: slot r's records are not written by the preceding kernel, so
-     * they are applied before the wait where the state is loaded before it. */
+    /* The ring's write-through decode: slot r's count is read beside the state (the preceding
+     * kernel does not write it), but its records are applied after the wait, so that the wait does
+     * not wait for the count (most steps find none). */
     const int ring_records = RING ? min(max(p.ring_count[r], 0), p.ring_capacity) : 0;
     load_rows<K, S, Geo>(src, st, row0, glane);
-    if (RING && ring_records > 0) /* uniform over the CTA */
-        apply_ring_records<K, I, Geo>(p, st, smem, r, h, kh, ring_records, tile_row0, cta_rows, local_row0, glane, A, dt_bias);
     if (conv && !window_async) stage_window<I>(p, mc, raw, r); /* plain loads, behind the state's */
     if constexpr (STATE_BEFORE_WAIT) {
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
     }
+    if (RING && ring_records > 0) /* uniform over the CTA */
+        apply_ring_records<K, I, Geo>(p, st, r, h, kh, ring_records, row0, glane, A, dt_bias);
 
     float a_raw = 0.0f, b_raw = 0.0f; /* token threadIdx.x's gate inputs */
     if constexpr (SHARED) {
@@ -589,7 +580,6 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     };
     const size_t smem = TREE_FORM && p->parents ? tree_staging(warps * 32, cta_rows, T, capacity, parts)
                         : SHARED                ? staging_bytes<Geo, SETS>(warps * 32, K, cta_rows, capacity, T, MIXER, parts)
-                        : RING                  ? ring_through_bytes<I>(K, p->ring_capacity, cta_rows)
                                                 : 0;
     auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING>;
     if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per device and instance, up to the largest case */

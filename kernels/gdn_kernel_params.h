@@ -204,7 +204,8 @@ typedef struct gdn__layer_params {
     /* Ring strategy; ring == NULL selects another. */
     void *ring;                /* [num_slots][ring_capacity] records of gdn__ring_record_bytes() bytes */
     int32_t ring_capacity;     /* records a slot's ring holds: max(ring_length, max_tokens) */
-    int32_t ring_length;       /* L: a decode writes the state back when its ring would hold L records */
+    int32_t ring_length;       /* L: a decode writes the state back when its ring would hold L records
+                                * (1: every decode does; the op layer's ring_write_through steps) */
     int32_t *ring_count;       /* [num_slots] records in each slot's ring (this layer) */
     float *ring_prep;          /* CUDA: [B][HV][gdn__ring_prep_floats(ring_capacity)] scratch of the
                                 * two-kernel decode (kernels/gdn_cuda_ring_decode.cu); NULL: one kernel */
