@@ -62,6 +62,7 @@ typedef struct mix_cfg {
     int dense_views; /* x (or q, k, v), z, a, b dense [B, T, ...] tensors of the step's T, not slices */
     int counts;      /* run_sequence: verify steps give each row its own token count (SPEC 3) */
     int trees;       /* run_sequence: verify steps are token trees, committed by accepted node */
+    int write_through; /* ring: the op's default ring_write_through (else -1: decodes append records) */
     uint64_t seed;
 } mix_cfg;
 
@@ -263,6 +264,7 @@ static mix *mix_create(const mix_cfg *cfg)
     op->max_batch = MAX_ROWS;
     op->max_tokens = MAX_T;
     op->ring_length = RING_LENGTH;
+    op->ring_write_through = cfg->write_through ? 0 : -1;
     op->kind = GDN_STEP_DECODE;
     op->tokens = 1;
     mx->ws_bytes = gdn_op_workspace_bytes(op);
@@ -521,8 +523,10 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
             else pending = len;
         } else if (kind == GDN_STEP_DECODE) {
             cr_assert_eq(gdn__ref_mixer_run(&mx->m, cur, 1, x, a, b, z, out), GDN_OK);
-            if (strategy == GDN_VERIFY_RING && !fork && pending + 1 < RING_LENGTH) pending++; /* a record */
-            else store_into(mx, cur, w, "decode"), pending = 0; /* cache and fold store; a full ring or a fork writes back */
+            /* The op's default ring_write_through: steps of at most 128 row-heads write every row back. */
+            const int through = mx->cfg.write_through && B <= GDN_RING_WRITE_THROUGH_HEADS / HV;
+            if (strategy == GDN_VERIFY_RING && !fork && !through && pending + 1 < RING_LENGTH) pending++; /* a record */
+            else store_into(mx, cur, w, "decode"), pending = 0; /* cache and fold store; a full ring, a fork or a write-through writes back */
         } else {
             /* A verify, then its commit. Fold: the step folds the slot's pending tokens and stores that
              * state before its own tokens; ring: so does a verify that does not fit the ring, or forks.
@@ -867,6 +871,8 @@ SEQUENCE_TEST(bf16_weights_fold, TINY(GDN_VERIFY_FOLD, 144), .weight_dtype = GDN
 SEQUENCE_TEST(bf16_pool_cache, TINY(GDN_VERIFY_CACHE, 151), .pool_dtype = GDN_DTYPE_BF16)
 SEQUENCE_TEST(bf16_pool_fold, TINY(GDN_VERIFY_FOLD, 152), .pool_dtype = GDN_DTYPE_BF16)
 SEQUENCE_TEST(bf16_pool_ring, TINY(GDN_VERIFY_RING, 153), .pool_dtype = GDN_DTYPE_BF16)
+SEQUENCE_TEST(write_through_ring, TINY(GDN_VERIFY_RING, 154), .write_through = 1, .vllm_layout = 1)
+SEQUENCE_TEST(write_through_bf16_pool_ring, TINY(GDN_VERIFY_RING, 155), .write_through = 1, .pool_dtype = GDN_DTYPE_BF16)
 /* Conv off (x is q | k | v, given as q, k, v; norm on) and norm off (conv on; the output is o). */
 SEQUENCE_TEST(conv_off_cache, TINY(GDN_VERIFY_CACHE, 161), .no_conv = 1)
 SEQUENCE_TEST(conv_off_fold, TINY(GDN_VERIFY_FOLD, 162), .no_conv = 1)
