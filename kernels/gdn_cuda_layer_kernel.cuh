@@ -59,12 +59,11 @@
 
 /* Minimum resident 128-thread CTAs per SM (__launch_bounds__), i.e. the register cap, measured on
  * H200 (bench/results/2026-11-21-h200-kernels.md): 64 values per thread: 4 (128 registers); fp32
- * decode of the cache strategy: uncapped; otherwise 6 (80 registers). */
-template <typename S, bool ONE_TOKEN, int REGS, bool FOLD, bool MIXER, bool RING> constexpr int min_blocks()
+ * decode of the cache strategy: uncapped; the decode's small instance: 8 (64 registers; mid-size
+ * grids of about a wave at 8 CTAs an SM, which 72 registers made two; measured on the H100,
+ * bench/results/2026-11-26-h100-ring-write-through.md); otherwise 6 (80 registers). */
+template <typename S, bool ONE_TOKEN, int REGS, bool FOLD, bool MIXER> constexpr int min_blocks()
 {
-    /* The decode's small instance (mid-size grids, up to a few waves of 128-thread CTAs): 8, so
-     * that 64 registers fit 8 CTAs of an SM; its records loop (the ring's write-through) otherwise
-     * takes it past the cache decode's registers. */
     if (ONE_TOKEN && !FOLD && !MIXER && REGS == GDN__STATE_REGS_SMALL) return 8;
     return REGS >= 64 ? 4 : ONE_TOKEN && !FOLD && !MIXER && sizeof(S) == 4 && REGS >= 32 ? 1 : 6;
 }
@@ -158,7 +157,7 @@ __host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int c
 }
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING>
-__global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIXER, RING>())) layer_step_kernel(const gdn__layer_params p)
+__global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIXER>())) layer_step_kernel(const gdn__layer_params p)
 {
     static_assert(!RING || (ONE_TOKEN && !FOLD && !MIXER), "the ring's write-through is a decode of the cache strategy");
     constexpr bool SHARED = shared_staging<FOLD, MIXER>();
