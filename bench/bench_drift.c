@@ -20,9 +20,10 @@
  * accumulate over ~50 tokens.
  *
  * Variants: cache with bf16 state (rounded every token), the ring with each --ring-length (default 4,
- * 16, 32; ring_write_through -1, so that small --rows keep the ring's own decode), and cache with fp32 state (the arithmetic's own error, for scale). The backend is CUDA
- * when a GPU is present (default geometry qwen3-next), else the CPU backend (default tiny), whose
- * arithmetic is float64 and whose only errors are the stores' roundings.
+ * 16, 32; ring_write_through -1, so that small --rows keep the ring's own decode), and cache with
+ * fp32 state (the arithmetic's own error, for scale). The backend is CUDA when a GPU is present
+ * (default geometry qwen3-next), else the CPU backend (default tiny), whose arithmetic is float64 and
+ * whose only errors are the stores' roundings.
  *
  *   gdn-bench --drift [--preset NAME] [--rows N] [--steps N] [--ring-length 4,16,32] [--backend auto|cpu|cuda]
  *                     [--json FILE]

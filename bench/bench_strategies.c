@@ -63,6 +63,7 @@
 #include <string.h>
 
 #include "bench_common.h"
+#include "engine/config.h"
 #include "gdn/gdn.h"
 
 #define MAX_LIST 16
@@ -129,14 +130,7 @@ static int32_t clamp_i(int32_t x, int32_t lo, int32_t hi) { return x < lo ? lo :
 static int mirror_writes_through(const mirror *m, int32_t B)
 {
     const gdn_engine_config *c = m->resolved;
-    if (!c || c->ring_write_through < 1) return 0;
-    int32_t bucket = c->max_batch;
-    for (int32_t j = 0; j < c->num_buckets; j++)
-        if (c->buckets[j] >= B) {
-            bucket = c->buckets[j];
-            break;
-        }
-    return bucket <= c->ring_write_through;
+    return c && c->ring_write_through >= 1 && gdn__bucket_for(c, B) <= c->ring_write_through;
 }
 
 static void mirror_decode(mirror *m, const int32_t *rows, int32_t B)

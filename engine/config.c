@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -380,12 +381,15 @@ gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_confi
 
 int32_t gdn__ring_write_through_rows(int32_t option, int32_t num_v_heads)
 {
-    static int off = -1;
-    if (off < 0) { /* a benign race: every thread computes the same value */
+    /* Read once (the op layer asks at every step); threads that race compute the same value. */
+    static atomic_int off = -1;
+    int turned_off = atomic_load_explicit(&off, memory_order_relaxed);
+    if (turned_off < 0) {
         const char *e = getenv("GDN_RING_WRITE_THROUGH");
-        off = e && strcmp(e, "0") == 0;
+        turned_off = e && strcmp(e, "0") == 0;
+        atomic_store_explicit(&off, turned_off, memory_order_relaxed);
     }
-    if (off || option < 0) return -1;
+    if (turned_off || option < 0) return -1;
     if (option > 0) return option;
     const int32_t rows = num_v_heads > 0 ? GDN_RING_WRITE_THROUGH_HEADS / num_v_heads : 0;
     return rows > 0 ? rows : -1;

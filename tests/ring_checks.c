@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/config.h"
 #include "support.h"
 
 /*
@@ -78,14 +79,6 @@ static fx fx_make(gdn_backend_kind backend, gdn_dtype state_dtype, int32_t ring_
                   int32_t num_slots, int32_t max_batch, uint64_t seed)
 {
     return fx_make_through(backend, state_dtype, ring_length, max_tokens, num_slots, max_batch, -1, seed);
-}
-
-/* The bucket a step of n rows runs in. */
-static int32_t fx_bucket(const fx *f, int32_t n)
-{
-    for (int32_t b = 0; b < f->c.num_buckets; b++)
-        if (f->c.buckets[b] >= n) return f->c.buckets[b];
-    return f->c.max_batch;
 }
 
 static void fx_free(fx *f)
@@ -208,7 +201,7 @@ static int32_t fx_step(fx *f, gdn_step_kind kind, int32_t T, int32_t n, const in
             if (rows[i] < 0) continue;
             const int32_t r = rows[i], w = writes ? writes[i] : r, h = *h_of(f, r, l);
             const int32_t keep = verify ? (accepted ? accepted[i] : 0) : 1;
-            const int through = !verify && fx_bucket(f, n) <= f->c.ring_write_through; /* resolved: -1 never */
+            const int through = !verify && gdn__bucket_for(&f->c, n) <= f->c.ring_write_through; /* resolved: -1 never */
             const int flush = r != w || through || (verify ? h + T > f->capacity : h + 1 >= f->c.ring_length);
             if (r != w) {
                 memcpy(cur_of(f, w, l), cur_of(f, r, l), sizeof(double) * f->elems);
