@@ -496,10 +496,7 @@ __global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIX
      * read slot r's count. */
     if (RING && (ring_records > 0 || r != w)) { /* uniform over the CTA */
         __syncthreads();
-        if (threadIdx.x == 0 && atomicAdd(&p.arrivals[i], 1u) == gridDim.x - 1) {
-            p.ring_count[w] = 0;
-            p.arrivals[i] = 0;
-        }
+        if (threadIdx.x == 0 && arrive_last(&p.arrivals[i], gridDim.x)) p.ring_count[w] = 0;
     }
 
     if constexpr (FOLD) { /* every CTA of the row has read slot r's tokens: slot w's may change */
