@@ -32,10 +32,9 @@
  *     long latency chain; bench/results/2026-11-22-h100-chunked-replay.md.)
  *
  * Launch geometry: blockIdx.y = batch row i, blockIdx.x = value head h * tiles_per_head + row tile.
- * A CTA has `warps` warps (1, 2 or 4, chosen at launch so that small batches still spread over the
- * SMs: at B = 1 a 32-head layer runs as hundreds of one-warp CTAs); a warp covers ROWS_PER_WARP
- * consecutive state rows of one head, per row set (one set, except fold). Padding rows exit before
- * touching the state.
+ * A CTA has `warps` warps (1, 2, 4 or 8, chosen at launch so that small batches still spread over
+ * the SMs, cta_warps_max below); a warp covers ROWS_PER_WARP consecutive state rows of one head, per
+ * row set (one set, except fold). Padding rows exit before touching the state.
  *
  * Template parameters: K (64, 128, 256), state storage S (float, bf16), input storage I (bf16, fp16),
  * output storage O (bf16, float), REGS (state values a thread holds), ONE_TOKEN, FOLD (the fold
@@ -156,8 +155,28 @@ __host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int c
     return sizeof(float) * mixer_smem_floats<Geo, SETS>(threads, K, cta_rows, capacity, T) + parts.end;
 }
 
+/* Warps a CTA may have. The cache strategy's decode on grids of fewer than GDN__SMALL_GRID_CTAS
+ * four-warp CTAs: up to 8, in as few CTAs as still cover the SMs twice (GDN__DECODE_GRID_CTAS). A
+ * dependent chain of kernels pays per CTA at every launch and completion, so 256 eight-warp CTAs
+ * finish a B = 1 step sooner than 1024 two-warp ones (bench/results/2026-11-26-h100-decode-ctas.md;
+ * the verify instances, and the decode at 1024 four-warp CTAs, measured slower with 8). Otherwise
+ * 4, in at least GDN__SMALL_GRID_CTAS CTAs where the grid allows. The register cap (min_blocks, in
+ * 128-thread CTAs) is the same whatever the CTA size. */
+#define GDN__DECODE_GRID_CTAS 256
+template <typename S, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr int cta_warps_max()
+{
+    return ONE_TOKEN && !shared_staging<FOLD, MIXER>() && REGS != big_regs<S>() ? 8 : 4;
+}
+/* min_blocks in CTAs of this instance's size (__launch_bounds__). */
+template <typename S, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr int resident_ctas()
+{
+    constexpr int ctas = min_blocks<S, ONE_TOKEN, REGS, FOLD, MIXER>() * 4 / cta_warps_max<S, REGS, ONE_TOKEN, FOLD, MIXER>();
+    return ctas > 0 ? ctas : 1;
+}
+
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING>
-__global__ void __launch_bounds__(128, (min_blocks<S, ONE_TOKEN, REGS, FOLD, MIXER>())) layer_step_kernel(const gdn__layer_params p)
+__global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN, FOLD, MIXER>(),
+                                  (resident_ctas<S, REGS, ONE_TOKEN, FOLD, MIXER>())) layer_step_kernel(const gdn__layer_params p)
 {
     static_assert(!RING || (ONE_TOKEN && !FOLD && !MIXER), "the ring's write-through is a decode of the cache strategy");
     constexpr bool SHARED = shared_staging<FOLD, MIXER>();
@@ -560,7 +579,11 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     /* Fold (and the mixer) keeps more warps per CTA on small grids: its CTA prepares every token
      * (one warp a token) and does the row's bookkeeping, fixed costs that one-warp CTAs run serially
      * (B = 1, qwen3-next, T = 4: 1024 one-warp CTAs, each a ~9 us chain of ~3200 instructions). */
-    warps = warps_for<Geo>(p, sets, SHARED ? GDN__SMALL_GRID_CTAS / 4 : GDN__SMALL_GRID_CTAS);
+    constexpr int MAX_WARPS = cta_warps_max<S, REGS, ONE_TOKEN, FOLD, MIXER>();
+    if (MAX_WARPS > 4 && ctas(4, sets) < GDN__SMALL_GRID_CTAS)
+        warps = warps_for<Geo>(p, sets, GDN__DECODE_GRID_CTAS, MAX_WARPS);
+    else
+        warps = warps_for<Geo>(p, sets, SHARED ? GDN__SMALL_GRID_CTAS / 4 : GDN__SMALL_GRID_CTAS);
     const int cta_rows = sets * warps * Geo::ROWS_PER_WARP;
     const int tiles_per_head = p->V / cta_rows;
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);

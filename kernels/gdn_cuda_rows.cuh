@@ -204,11 +204,11 @@ template <int K, typename S, bool SHARED> inline state_regs state_regs_for(const
     return state_regs::small;
 }
 
-/* Warps per CTA (4, 2 or 1) for CTAs of `sets` row sets: halved while a CTA's warps' rows do not
- * divide V or the grid would have fewer than min_ctas CTAs. */
-template <typename Geo> inline int warps_for(const gdn__layer_params *p, int sets, int64_t min_ctas)
+/* Warps per CTA (max_warps, halved down to 1) for CTAs of `sets` row sets: halved while a CTA's
+ * warps' rows do not divide V or the grid would have fewer than min_ctas CTAs. */
+template <typename Geo> inline int warps_for(const gdn__layer_params *p, int sets, int64_t min_ctas, int max_warps = 4)
 {
-    int warps = 4;
+    int warps = max_warps;
     while (warps > 1 && (p->V % (warps * Geo::ROWS_PER_WARP) != 0 ||
                          (int64_t)p->B * p->HV * (p->V / (sets * warps * Geo::ROWS_PER_WARP)) < min_ctas))
         warps /= 2;
