@@ -155,17 +155,17 @@ __host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int c
     return sizeof(float) * mixer_smem_floats<Geo, SETS>(threads, K, cta_rows, capacity, T) + parts.end;
 }
 
-/* Warps a CTA may have. The cache strategy's decode on grids of fewer than GDN__SMALL_GRID_CTAS
+/* Warps a CTA may have. A decode (every strategy) on a grid of fewer than GDN__SMALL_GRID_CTAS
  * four-warp CTAs: up to 8, in as few CTAs as still cover the SMs twice (GDN__DECODE_GRID_CTAS). A
  * dependent chain of kernels pays per CTA at every launch and completion, so 256 eight-warp CTAs
  * finish a B = 1 step sooner than 1024 two-warp ones (bench/results/2026-11-26-h100-decode-ctas.md;
  * the verify instances, and the decode at 1024 four-warp CTAs, measured slower with 8). Otherwise
- * 4, in at least GDN__SMALL_GRID_CTAS CTAs where the grid allows. The register cap (min_blocks, in
- * 128-thread CTAs) is the same whatever the CTA size. */
+ * 4, in at least GDN__SMALL_GRID_CTAS CTAs (fold and mixer: a quarter) where the grid allows. The
+ * register cap (min_blocks, in 128-thread CTAs) is the same whatever the CTA size. */
 #define GDN__DECODE_GRID_CTAS 256
 template <typename S, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr int cta_warps_max()
 {
-    return ONE_TOKEN && !shared_staging<FOLD, MIXER>() && REGS != big_regs<S>() ? 8 : 4;
+    return ONE_TOKEN && REGS != big_regs<S>() ? 8 : 4;
 }
 /* min_blocks in CTAs of this instance's size (__launch_bounds__). */
 template <typename S, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr int resident_ctas()
