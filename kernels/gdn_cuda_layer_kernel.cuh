@@ -304,7 +304,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN, FOLD, M
 
     float a_raw = 0.0f, b_raw = 0.0f; /* token threadIdx.x's gate inputs */
     if constexpr (SHARED) {
-        for (int j = own0 + warp; j < tokens; j += warps) {
+        /* Token j is staged and prepared (below) by warp j % warps: the same warp, so that its own
+         * copies are all the preparation waits for. */
+        for (int j = warp; j < tokens; j += warps) {
+            if (j < own0) continue;
             const int t = j - own0;
             if (conv) {
                 stage_conv_row<K, I>(mc, raw + (size_t)(window_rows + j) * mc.pitch,
@@ -387,9 +390,13 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN, FOLD, M
 
     /* Fold: the CTA has read pending[r] and its share of slot r's stored tokens (before the barrier
      * above). It counts itself in now and learns at its end whether it was the row's last, so the
-     * atomic's round trip overlaps the token loop; that last CTA then does the row's bookkeeping. */
+     * atomic's round trip overlaps the token loop; that last CTA then does the row's bookkeeping.
+     * A decode in place with nothing to fold leaves slot w's tokens and count as they are: its row
+     * has no bookkeeping, and its CTAs do not count in (on small grids, every CTA of the row on one
+     * counter). */
+    const bool row_bookkeeping = FOLD && (!ONE_TOKEN || p.deferred_verify || folds > 0 || r != w);
     unsigned arrival = 0;
-    if (FOLD && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
+    if (row_bookkeeping && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
     /* The mixer's conv: the same for the CTAs that read key head kh's window channels. */
     bool kh_last = false;
     uint32_t *mixer_counts = MIXER ? p.mixer.arrivals + i * (int64_t)(HK + HV) : nullptr;
@@ -518,16 +525,18 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN, FOLD, M
         if (threadIdx.x == 0 && arrive_last(&p.arrivals[i], gridDim.x)) p.ring_count[w] = 0;
     }
 
-    if constexpr (FOLD) { /* every CTA of the row has read slot r's tokens: slot w's may change */
-        __shared__ int last_cta;
-        if (threadIdx.x == 0) last_cta = arrival == gridDim.x - 1;
-        __syncthreads();
-        if (last_cta) {
-            if (p.deferred_verify && conv) store_mixer_gates<I>(p, i, w, T);
-            else if (p.deferred_verify) store_shared_inputs<K, I>(p, i, w, T);
-            if (threadIdx.x == 0) {
-                p.pending[w] = 0;
-                p.arrivals[i] = 0;
+    if constexpr (FOLD) {
+        if (row_bookkeeping) { /* every CTA of the row has read slot r's tokens: slot w's may change */
+            __shared__ int last_cta;
+            if (threadIdx.x == 0) last_cta = arrival == gridDim.x - 1;
+            __syncthreads();
+            if (last_cta) {
+                if (p.deferred_verify && conv) store_mixer_gates<I>(p, i, w, T);
+                else if (p.deferred_verify) store_shared_inputs<K, I>(p, i, w, T);
+                if (threadIdx.x == 0) {
+                    p.pending[w] = 0;
+                    p.arrivals[i] = 0;
+                }
             }
         }
     }
