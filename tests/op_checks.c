@@ -185,6 +185,13 @@ static uint16_t random_input(test_rng *rng, gdn_dtype dtype, double scale)
 void op_check_views(gdn_backend_kind backend, const char *preset, gdn_verify_strategy strategy, gdn_dtype state_dtype,
                     uint64_t seed)
 {
+    op_check_views_tokens(backend, preset, strategy, state_dtype, MAX_T, seed);
+}
+
+void op_check_views_tokens(gdn_backend_kind backend, const char *preset, gdn_verify_strategy strategy,
+                           gdn_dtype state_dtype, int32_t max_tokens, uint64_t seed)
+{
+    cr_assert(max_tokens >= 1 && max_tokens <= MAX_T, "max_tokens %d", max_tokens);
     gdn_model_config model;
     cr_assert_eq(gdn_model_preset(preset, 1, &model), GDN_OK);
     const geometry g = {model.num_k_heads, model.num_v_heads, model.head_dim_k, model.head_dim_v, 0, 2, 2,
@@ -196,7 +203,7 @@ void op_check_views(gdn_backend_kind backend, const char *preset, gdn_verify_str
         .pool = {.dtype = state_dtype, .num_slots = NUM_SLOTS},
         .strategy = strategy,
         .max_batch = MAX_ROWS,
-        .max_tokens = MAX_T,
+        .max_tokens = max_tokens,
         .ring_length = 5, /* short: write-backs happen inside the sequence */
         .ring_write_through = -1, /* the ring's own decode (ring_checks.c tests the write-through) */
     };
@@ -227,7 +234,7 @@ void op_check_views(gdn_backend_kind backend, const char *preset, gdn_verify_str
     double worst_out = 0.0, worst_state = 0.0;
     for (int step = 0; step < STEPS; step++) {
         const int verify = step % 3 != 0;
-        const int32_t T = verify ? 1 + test_rng_below(&rng, MAX_T) : 1;
+        const int32_t T = verify ? 1 + test_rng_below(&rng, max_tokens) : 1;
         const int32_t B = 1 + test_rng_below(&rng, MAX_ROWS);
         int32_t slots[MAX_ROWS], writes[MAX_ROWS], accepted[MAX_ROWS], used[NUM_SLOTS] = {0};
         for (int32_t i = 0; i < B; i++) {

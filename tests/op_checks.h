@@ -20,6 +20,10 @@
  */
 void op_check_views(gdn_backend_kind backend, const char *preset, gdn_verify_strategy strategy, gdn_dtype state_dtype,
                     uint64_t seed);
+/* The same with max_tokens 1..4 (op_check_views: 4); a fold CTA's stored tokens are max_tokens, so a
+ * count that is not a multiple of its warps checks how it splits token staging over warps. */
+void op_check_views_tokens(gdn_backend_kind backend, const char *preset, gdn_verify_strategy strategy,
+                           gdn_dtype state_dtype, int32_t max_tokens, uint64_t seed);
 
 /*
  * Flush and the slot operations of a tiny op (fp32 pool of 8 slots) whose slots 0..2 hold pending work

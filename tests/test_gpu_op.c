@@ -25,6 +25,13 @@ GPU_OP_TEST(views_ring_bf16, "tiny", GDN_VERIFY_RING, GDN_DTYPE_BF16, 16)
 GPU_OP_TEST(views_qwen3_next_cache_f32, "qwen3-next", GDN_VERIFY_CACHE, GDN_DTYPE_F32, 17)
 GPU_OP_TEST(views_qwen3_next_fold_bf16, "qwen3-next", GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 18)
 GPU_OP_TEST(views_qwen3_next_ring_f32, "qwen3-next", GDN_VERIFY_RING, GDN_DTYPE_F32, 19)
+/* Three stored tokens: a fold CTA's own token follows them (its staging warp and its preparing warp
+ * must be the same whatever the CTA's warps). */
+Test(gpu_op, views_qwen3_next_fold_bf16_three_tokens, .timeout = 600)
+{
+    test_require_gpu();
+    op_check_views_tokens(GDN_BACKEND_CUDA, "qwen3-next", GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 3, 20);
+}
 
 #define GPU_SLOT_OPS_TEST(name, strategy, seed)                                                     \
     Test(gpu_op, name, .timeout = 600)                                                              \

@@ -15,6 +15,10 @@ Test(op, strided_views_match_dense_cache_f32) { op_check_views(GDN_BACKEND_CPU, 
 Test(op, strided_views_match_dense_cache_bf16) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_CACHE, GDN_DTYPE_BF16, 2); }
 Test(op, strided_views_match_dense_fold_f32) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_FOLD, GDN_DTYPE_F32, 3); }
 Test(op, strided_views_match_dense_fold_bf16) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 4); }
+Test(op, strided_views_match_dense_fold_bf16_three_tokens)
+{
+    op_check_views_tokens(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 3, 7);
+}
 Test(op, strided_views_match_dense_ring_f32) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_RING, GDN_DTYPE_F32, 5); }
 Test(op, strided_views_match_dense_ring_bf16) { op_check_views(GDN_BACKEND_CPU, "tiny", GDN_VERIFY_RING, GDN_DTYPE_BF16, 6); }
 
