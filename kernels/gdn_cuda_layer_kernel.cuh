@@ -163,19 +163,19 @@ __host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int c
  * 4, in at least GDN__SMALL_GRID_CTAS CTAs (fold and mixer: a quarter) where the grid allows. The
  * register cap (min_blocks, in 128-thread CTAs) is the same whatever the CTA size. */
 #define GDN__DECODE_GRID_CTAS 256
-template <typename S, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr int cta_warps_max()
+template <typename S, int REGS, bool ONE_TOKEN> constexpr int cta_warps_max()
 {
     return ONE_TOKEN && REGS != big_regs<S>() ? 8 : 4;
 }
 /* min_blocks in CTAs of this instance's size (__launch_bounds__). */
 template <typename S, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr int resident_ctas()
 {
-    constexpr int ctas = min_blocks<S, ONE_TOKEN, REGS, FOLD, MIXER>() * 4 / cta_warps_max<S, REGS, ONE_TOKEN, FOLD, MIXER>();
+    constexpr int ctas = min_blocks<S, ONE_TOKEN, REGS, FOLD, MIXER>() * 4 / cta_warps_max<S, REGS, ONE_TOKEN>();
     return ctas > 0 ? ctas : 1;
 }
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING>
-__global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN, FOLD, MIXER>(),
+__global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                                   (resident_ctas<S, REGS, ONE_TOKEN, FOLD, MIXER>())) layer_step_kernel(const gdn__layer_params p)
 {
     static_assert(!RING || (ONE_TOKEN && !FOLD && !MIXER), "the ring's write-through is a decode of the cache strategy");
@@ -588,7 +588,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     /* Fold (and the mixer) keeps more warps per CTA on small grids: its CTA prepares every token
      * (one warp a token) and does the row's bookkeeping, fixed costs that one-warp CTAs run serially
      * (B = 1, qwen3-next, T = 4: 1024 one-warp CTAs, each a ~9 us chain of ~3200 instructions). */
-    constexpr int MAX_WARPS = cta_warps_max<S, REGS, ONE_TOKEN, FOLD, MIXER>();
+    constexpr int MAX_WARPS = cta_warps_max<S, REGS, ONE_TOKEN>();
     if (MAX_WARPS > 4 && ctas(4, sets) < GDN__SMALL_GRID_CTAS)
         warps = warps_for<Geo>(p, sets, GDN__DECODE_GRID_CTAS, MAX_WARPS);
     else
