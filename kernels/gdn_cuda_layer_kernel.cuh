@@ -19,13 +19,15 @@
  *     and the new row g * S_old + u * k^ is formed in registers and stored.
  *   - Cache strategy (decode, verify): gates, norms of q and k and k^.q^ are recomputed by every lane
  *     group (a few hundred bytes from L2 or L1; cheaper than a shared-memory round trip and a barrier).
- *   - Fold strategy: a row first folds up to max_tokens stored tokens, so the step is no longer
- *     purely memory-bound (profiled: instruction issue and latency). Its CTAs prepare each token once
- *     (k^, q^, v of the CTA's rows, g, beta, k^.q^) in shared memory, one warp a token, from raw
- *     inputs all copied in one round trip (cp.async, issued before the state loads; a per-CTA trace
- *     showed the first data of a CTA arriving ~10 us after its start under the full memory load,
- *     so each extra dependent read costs that much), and a thread holds 16 elements of a row, so
- *     that a row's dot products take log2(K / 16) shuffle levels instead of log2(32). A fold CTA runs up to four row sets of the head one after the other,
+ *   - Fold strategy (its verify; its decode on large grids, elsewhere the decode runs as the cache's,
+ *     reading the tokens it folds directly): a row first folds up to max_tokens stored tokens, so the
+ *     step is no longer purely memory-bound (profiled: instruction issue and latency). Its CTAs
+ *     prepare each token once (k^, q^, v of the CTA's rows, g, beta, k^.q^) in shared memory, one
+ *     warp a token, from raw inputs all copied in one round trip (cp.async, issued before the state
+ *     loads; a per-CTA trace showed the first data of a CTA arriving ~10 us after its start under the
+ *     full memory load, so each extra dependent read costs that much), and a thread holds 16
+ *     elements of a row, so that a row's dot products take log2(K / 16) shuffle levels instead of
+ *     log2(32). A fold CTA runs up to four row sets of the head one after the other,
  *     the next set's state streaming into shared memory (cp.async) during the current set's token
  *     loop, so the transfers overlap the compute within a CTA and the tokens are prepared once for
  *     all sets. (The chunked form on tensor cores was measured slower: its per-CTA preparation is a
@@ -39,9 +41,10 @@
  * Template parameters: K (64, 128, 256), state storage S (float, bf16), input storage I (bf16, fp16),
  * output storage O (bf16, float), REGS (state values a thread holds), ONE_TOKEN, FOLD (the fold
  * verify strategy: the slot's pending tokens are folded first, without outputs), MIXER (the whole
- * mixer step, SPEC 6: gdn_cuda_mixer.cuh; its conv and norm each switch on at run time). V, T, HK,
- * HV and the cache flag are runtime values. With FOLD or MIXER false their branches are compile-time
- * constants.
+ * mixer step, SPEC 6: gdn_cuda_mixer.cuh; its conv and norm each switch on at run time), RING (the
+ * ring's write-through decode), STAGED (tokens prepared in shared memory: see staged_by_default).
+ * V, T, HK, HV and the cache flag are runtime values. With FOLD or MIXER false their branches are
+ * compile-time constants.
  */
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
@@ -58,13 +61,13 @@
 
 /* Minimum resident 128-thread CTAs per SM (__launch_bounds__), i.e. the register cap, measured on
  * H200 (bench/results/2026-11-21-h200-kernels.md): 64 values per thread: 4 (128 registers); fp32
- * decode of the cache strategy: uncapped; the decode's small instance: 8 (64 registers; mid-size
- * grids of about a wave at 8 CTAs an SM, which 72 registers made two; measured on the H100,
- * bench/results/2026-11-26-h100-ring-write-through.md); otherwise 6 (80 registers). */
-template <typename S, bool ONE_TOKEN, int REGS, bool FOLD, bool MIXER> constexpr int min_blocks()
+ * decode without staging (cache, direct fold): uncapped; that decode's small instance: 8 (64
+ * registers; mid-size grids of about a wave at 8 CTAs an SM, which 72 registers made two; measured on
+ * the H100, bench/results/2026-11-26-h100-ring-write-through.md); otherwise 6 (80 registers). */
+template <typename S, bool UNSTAGED_DECODE, int REGS> constexpr int min_blocks()
 {
-    if (ONE_TOKEN && !FOLD && !MIXER && REGS == GDN__STATE_REGS_SMALL) return 8;
-    return REGS >= 64 ? 4 : ONE_TOKEN && !FOLD && !MIXER && sizeof(S) == 4 && REGS >= 32 ? 1 : 6;
+    if (UNSTAGED_DECODE && REGS == GDN__STATE_REGS_SMALL) return 8;
+    return REGS >= 64 ? 4 : UNSTAGED_DECODE && sizeof(S) == 4 && REGS >= 32 ? 1 : 6;
 }
 
 /* The ring strategy's write-through decode (gdn.h, ring_write_through; the kernels' rule with ring
@@ -121,12 +124,22 @@ __device__ __forceinline__ void apply_ring_records(const gdn__layer_params &p, f
 /* Kernel template                                                                                  */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Token staging: the fold strategy folds up to max_tokens stored tokens per row before its own, so
- * its CTAs prepare every token once in shared memory and use short row reductions (SHARED); the cache
- * strategy's decode and verify are faster with each lane group preparing its own token (measured on
- * the H100, bench/results/2026-11-22-h100-kernels.md). The mixer runs the conv once per channel of
- * a CTA, so it stages too. */
-template <bool FOLD, bool MIXER> constexpr bool shared_staging() { return FOLD || MIXER; }
+/* Token staging (the kernel's STAGED parameter): the fold strategy folds up to max_tokens stored
+ * tokens per row before its own, so its CTAs prepare every token once in shared memory and use short
+ * row reductions; the cache strategy's decode and verify are faster with each lane group preparing
+ * its own token (measured on the H100, bench/results/2026-11-22-h100-kernels.md). The mixer runs the
+ * conv once per channel of a CTA, so it stages too. The fold decode stages only on large grids
+ * (fold_decode_staged): elsewhere it runs as the cache decode does, each lane group reading the
+ * tokens it folds straight from the store. A decode seldom has any (the first after a verify), and
+ * on small and mid-size grids the staging's barrier and preparation chain cost every decode more
+ * than the direct reads cost the decodes that fold; on large grids the folds' per-lane-group
+ * preparation costs more (bench/results/2026-11-26-h100-fold-decode.md). */
+template <bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr bool staged_by_default() { return MIXER || (FOLD && !ONE_TOKEN); }
+template <int K, typename S> inline bool fold_decode_staged(const gdn__layer_params *p)
+{
+    using Big = layer_geometry<K, S, big_regs<S>(), true>;
+    return (int64_t)p->B * p->HV * (p->V / Big::ROWS_PER_WARP) > 4 * GDN__SMALL_GRID_CTAS;
+}
 
 /* Row sets per CTA, at most. Fold: up to four, run one after the other; the next set's state is
  * copied into shared memory while the current set's token loop runs (long enough to hide it), and
@@ -168,20 +181,23 @@ template <typename S, int REGS, bool ONE_TOKEN> constexpr int cta_warps_max()
     return ONE_TOKEN && REGS != big_regs<S>() ? 8 : 4;
 }
 /* min_blocks in CTAs of this instance's size (__launch_bounds__). */
-template <typename S, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr int resident_ctas()
+template <typename S, int REGS, bool ONE_TOKEN, bool STAGED> constexpr int resident_ctas()
 {
-    constexpr int ctas = min_blocks<S, ONE_TOKEN, REGS, FOLD, MIXER>() * 4 / cta_warps_max<S, REGS, ONE_TOKEN>();
+    constexpr int ctas = min_blocks<S, ONE_TOKEN && !STAGED, REGS>() * 4 / cta_warps_max<S, REGS, ONE_TOKEN>();
     return ctas > 0 ? ctas : 1;
 }
 
-template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING>
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING, bool STAGED>
 __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
-                                  (resident_ctas<S, REGS, ONE_TOKEN, FOLD, MIXER>())) layer_step_kernel(const gdn__layer_params p)
+                                  (resident_ctas<S, REGS, ONE_TOKEN, STAGED>())) layer_step_kernel(const gdn__layer_params p)
 {
     static_assert(!RING || (ONE_TOKEN && !FOLD && !MIXER), "the ring's write-through is a decode of the cache strategy");
-    constexpr bool SHARED = shared_staging<FOLD, MIXER>();
-    constexpr int SETS = row_sets<FOLD || MIXER>();
-    constexpr bool DECAY_OUTSIDE = FOLD && sizeof(S) == 2;
+    static_assert(STAGED == staged_by_default<ONE_TOKEN, FOLD, MIXER>() || (FOLD && ONE_TOKEN && !MIXER),
+                  "only the fold decode chooses its staging");
+    constexpr bool SHARED = STAGED;
+    constexpr bool DIRECT_FOLD = FOLD && !SHARED; /* a fold decode that reads its stored tokens directly */
+    constexpr int SETS = row_sets<SHARED>();
+    constexpr bool DECAY_OUTSIDE = FOLD && SHARED && sizeof(S) == 2;
     using Geo = layer_geometry<K, S, REGS, SHARED>;
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT;
     extern __shared__ __align__(16) float smem[];
@@ -226,6 +242,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
 
     const int kh = h / (HV / HK);
     const float A = expf(p.A_log[h]), dt_bias = p.dt_bias[h];
+    /* A fold verify (the direct fold decode runs decodes only: the launcher gives a verify of one
+     * token to the verify instance). A function, not a variable, so that the flag is read where it is
+     * used rather than held in a register through the kernel. */
+    const auto verifying = [&p] { return FOLD && !DIRECT_FOLD && p.deferred_verify; };
     /* Fold: prepared tokens 0..store_tokens-1 are slot r's stored tokens (the first pending[r] of
      * them, its accepted tokens of its last verify, are folded), own token t is prepared token
      * own0 + t. All stored tokens are staged, whatever pending[r] is, so that no read waits for
@@ -246,7 +266,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         smem + mixer_smem_floats<Geo, SETS>(blockDim.x, K, cta_rows, shared_tokens::capacity(FOLD, p.store_tokens, T), T));
     /* Fold with a tree that is not a chain: the tree form (gdn_cuda_tree.cuh), its coefficients where
      * the mixer's part would be. */
-    const bool tree_form = FOLD && !ONE_TOKEN && p.deferred_verify && !row_is_chain(p.parents, i, T, plan.n);
+    const bool tree_form = verifying() && !row_is_chain(p.parents, i, T, plan.n);
     const tree_shared ts(reinterpret_cast<float *>(mixer_base + (MIXER ? parts.end : 0)), T, cta_rows);
     I *raw = reinterpret_cast<I *>(mixer_base + parts.raw);
     I *z_sh = reinterpret_cast<I *>(mixer_base + parts.z);
@@ -350,11 +370,15 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     if (SETS > 1 && sets > 1) stage_set(1, 0);
 
     const int folds = FOLD ? max(0, min(p.pending[r], p.store_tokens)) : 0;
+    /* The direct fold decode's own token: its reads in flight with pending[r]'s, held raw across the
+     * folds (which come first in the state but seldom exist). */
+    typename token_values<Geo>::template raw_inputs<I> own_raw;
+    if constexpr (DIRECT_FOLD) token_values<Geo>::template read_direct<K, I>(p, i, 0, kh, h, row0, glane, own_raw);
     const mixer_sequence seq{window_rows, folds, own0};
     /* The conv's window of slot w after this step: the last W - 1 of [window; folded tokens; own
      * tokens unless they stay pending (fold verify)]; a cache verify leaves it to the commit. */
     const bool window_moves = conv && (FOLD || !p.cache);
-    const int window_length = window_rows + folds + (FOLD && p.deferred_verify ? 0 : T);
+    const int window_length = window_rows + folds + (verifying() ? 0 : T);
     if constexpr (SHARED) {
         if ((int)threadIdx.x < tokens) token_gate(a_raw, b_raw, A, dt_bias, s.gate[threadIdx.x], s.beta[threadIdx.x]);
         if (tree_form && (int)threadIdx.x >= own0 && (int)threadIdx.x < tokens)
@@ -394,19 +418,19 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * A decode in place with nothing to fold leaves slot w's tokens and count as they are: its row
      * has no bookkeeping, and its CTAs do not count in (on small grids, every CTA of the row on one
      * counter). */
-    const bool row_bookkeeping = FOLD && (!ONE_TOKEN || p.deferred_verify || folds > 0 || r != w);
+    const bool row_bookkeeping = FOLD && (!ONE_TOKEN || verifying() || folds > 0 || r != w);
     unsigned arrival = 0;
-    if (row_bookkeeping && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
+    if (SHARED && row_bookkeeping && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
     /* The mixer's conv: the same for the CTAs that read key head kh's window channels. */
     bool kh_last = false;
     uint32_t *mixer_counts = MIXER ? p.mixer.arrivals + i * (int64_t)(HK + HV) : nullptr;
-    const bool kh_writes = window_moves || (conv && FOLD && p.deferred_verify);
+    const bool kh_writes = window_moves || (conv && verifying());
     if (kh_writes && threadIdx.x == 0) kh_last = arrive_last(mixer_counts + kh, (uint32_t)((HV / HK) * tiles_per_head));
 
-    if (FOLD && p.deferred_verify && conv) /* the same for the raw x of its v channels */
+    if (verifying() && conv) /* the same for the raw x of its v channels */
         store_own_x<I>(mc, raw, seq, T, static_cast<I *>(p.token_store) + w * p.store_tokens * token_elems, token_elems,
                        2 * K, mc.width);
-    else if (FOLD && p.deferred_verify) {
+    else if (verifying()) {
         /* Verify: this CTA's rows of v of the own tokens become slot w's stored v, from the prepared
          * copy (exact: v converted from I and back; the preparation above read slot r's rows before
          * the barrier, and no other CTA reads these rows). */
@@ -439,10 +463,11 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         if constexpr (FOLD) {
             for (int j = 0; j < folds; j++) {
                 token_values<Geo> tv;
-                tv.template load_shared<false>(s, j, 0, K, cta_rows, set_local_row0, glane);
+                if constexpr (SHARED) tv.template load_shared<false>(s, j, 0, K, cta_rows, set_local_row0, glane);
+                else tv.template load_stored<K, I>(p, r, j, kh, h, set_row0, glane, A, dt_bias);
                 apply_token<Geo, false, DECAY_OUTSIDE>(st, decay, tv, o);
             }
-            if (p.deferred_verify) /* the pool gets the folded state; the own tokens stay pending */
+            if (verifying()) /* the pool gets the folded state; the own tokens stay pending */
                 store_rows<K, S, Geo, DECAY_OUTSIDE>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems,
                                                      st, decay, set_row0, glane);
         }
@@ -489,6 +514,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                     }
                     token_values<Geo> tv;
                     if constexpr (SHARED) tv.template load_shared<true>(s, own0 + token, token, K, cta_rows, set_local_row0, glane);
+                    else if constexpr (DIRECT_FOLD) tv.template prepare_direct<K, I>(p, own_raw, A, dt_bias); /* read above */
                     else tv.template load_direct<K, I>(p, i, token, kh, h, set_row0, glane, A, dt_bias);
                     apply_token<Geo, true, DECAY_OUTSIDE>(st, decay, tv, o);
                 }
@@ -513,7 +539,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                     cache + i * p.cache_row_stride + t * cache_token_stride + h * state_elems, st, decay, set_row0, glane);
         }
 
-        if (!cache && !(FOLD && p.deferred_verify))
+        if (!cache && !verifying())
             store_rows<K, S, Geo, DECAY_OUTSIDE>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st,
                                                  decay, set_row0, glane);
     }
@@ -527,12 +553,16 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
 
     if constexpr (FOLD) {
         if (row_bookkeeping) { /* every CTA of the row has read slot r's tokens: slot w's may change */
+            if constexpr (!SHARED) { /* the direct fold decode: every thread has read them by now */
+                __syncthreads();
+                if (threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
+            }
             __shared__ int last_cta;
             if (threadIdx.x == 0) last_cta = arrival == gridDim.x - 1;
             __syncthreads();
             if (last_cta) {
-                if (p.deferred_verify && conv) store_mixer_gates<I>(p, i, w, T);
-                else if (p.deferred_verify) store_shared_inputs<K, I>(p, i, w, T);
+                if (verifying() && conv) store_mixer_gates<I>(p, i, w, T);
+                else if (verifying()) store_shared_inputs<K, I>(p, i, w, T);
                 if (threadIdx.x == 0) {
                     p.pending[w] = 0;
                     p.arrivals[i] = 0;
@@ -547,7 +577,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         __syncthreads();
         if (kh_last_cta) { /* every CTA of kh's heads has read its window channels: q and k of kh move */
             if (window_moves) write_window<I>(p, mc, raw, seq, window_length, w, 0, 2 * K);
-            if (FOLD && p.deferred_verify)
+            if (verifying())
                 store_own_x<I>(mc, raw, seq, T, static_cast<I *>(p.token_store) + w * p.store_tokens * token_elems,
                                token_elems, 0, 2 * K);
         }
@@ -575,19 +605,21 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
 /* Launcher                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING>
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING,
+          bool STAGED = staged_by_default<ONE_TOKEN, FOLD, MIXER>()>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
-    constexpr bool SHARED = shared_staging<FOLD, MIXER>();
+    constexpr bool SHARED = STAGED;
     using Geo = layer_geometry<K, S, REGS, SHARED>;
-    constexpr int SETS = row_sets<FOLD || MIXER>();
+    constexpr int SETS = row_sets<SHARED>();
     const auto ctas = [&](int warps, int sets) { return (int64_t)p->B * p->HV * (p->V / (sets * warps * Geo::ROWS_PER_WARP)); };
     int warps = 4, sets = SETS; /* fewer sets, then fewer warps, until small grids reach every SM */
     while (sets > 1 && (p->V % (sets * warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
         sets /= 2;
-    /* Fold (and the mixer) keeps more warps per CTA on small grids: its CTA prepares every token
-     * (one warp a token) and does the row's bookkeeping, fixed costs that one-warp CTAs run serially
-     * (B = 1, qwen3-next, T = 4: 1024 one-warp CTAs, each a ~9 us chain of ~3200 instructions). */
+    /* The staged instances (fold verify, the mixer) keep more warps per CTA on small grids: a CTA
+     * prepares every token (one warp a token) and does the row's bookkeeping, fixed costs that
+     * one-warp CTAs run serially (B = 1, qwen3-next, T = 4: 1024 one-warp CTAs, each a ~9 us chain of
+     * ~3200 instructions). */
     constexpr int MAX_WARPS = cta_warps_max<S, REGS, ONE_TOKEN>();
     if (MAX_WARPS > 4 && ctas(4, sets) < GDN__SMALL_GRID_CTAS)
         warps = warps_for<Geo>(p, sets, GDN__DECODE_GRID_CTAS, MAX_WARPS);
@@ -609,7 +641,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const size_t smem = TREE_FORM && p->parents ? tree_staging(warps * 32, cta_rows, T, capacity, parts)
                         : SHARED                ? staging_bytes<Geo, SETS>(warps * 32, K, cta_rows, capacity, T, MIXER, parts)
                                                 : 0;
-    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING>;
+    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED>;
     if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per device and instance, up to the largest case */
         constexpr int most_tokens = GDN_MAX_TOKENS;
         constexpr int most_capacity = most_tokens + most_tokens; /* shared_tokens::capacity(true, ...) */
@@ -633,8 +665,10 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING = false>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
-    switch (state_regs_for<K, S, shared_staging<FOLD, MIXER>()>(p, ONE_TOKEN)) {
+    switch (state_regs_for<K, S, staged_by_default<ONE_TOKEN, FOLD, MIXER>()>(p, ONE_TOKEN)) {
     case state_regs::big:
+        if constexpr (FOLD && ONE_TOKEN && !MIXER)
+            if (fold_decode_staged<K, S>(p)) return launch_regs<K, S, I, O, big_regs<S>(), true, true, false, false, true>(p, stream);
         if constexpr (!RING) return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
         else return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
@@ -648,8 +682,9 @@ static gdn_status launch_strategy(const gdn__layer_params *p, cudaStream_t strea
 {
     if constexpr (!MIXER)
         if (p->ring) return launch_tokens<K, S, I, O, true, false, false, true>(p, stream); /* the ring's write-through */
-    if (p->token_store) /* fold; T = 0 is a flush (fold only) */
-        return p->T == 1 ? launch_tokens<K, S, I, O, true, true, MIXER>(p, stream)
+    if (p->token_store) /* fold; T = 0 is a flush (fold only); a verify of one token runs as a verify, but
+                         * in the mixer's one-token instance (which stages) */
+        return p->T == 1 && (MIXER || !p->deferred_verify) ? launch_tokens<K, S, I, O, true, true, MIXER>(p, stream)
                          : launch_tokens<K, S, I, O, false, true, MIXER>(p, stream);
     return p->T == 1 ? launch_tokens<K, S, I, O, true, false, MIXER>(p, stream)
                      : launch_tokens<K, S, I, O, false, false, MIXER>(p, stream);

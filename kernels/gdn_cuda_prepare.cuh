@@ -136,24 +136,45 @@ template <typename Geo> struct token_values {
         kq = WITH_Q ? s.kq[t] : 0.0f;
     }
 
+    /* A token's inputs as read (2-byte values, packed), before load_direct's preparation. */
+    template <typename I> struct raw_inputs {
+        gdn__raw_vec<I, Geo::EV> k[Geo::NV], q[Geo::NV];
+        I v[Geo::RT], a, b;
+    };
+
     /* Straight from the inputs, every lane group for itself (direct staging): the norms are lane-group
-     * reductions; nothing waits for the rest of the CTA. */
+     * reductions; nothing waits for the rest of the CTA. In two halves, so that a caller can hold the
+     * reads in flight (and in few registers) across other work. */
     template <int K, typename I>
-    __device__ __forceinline__ void load_direct(const gdn__layer_params &p, int64_t i, int t, int kh, int h, int row0,
-                                                int glane, float A, float dt_bias)
+    static __device__ __forceinline__ void read_direct(const gdn__layer_params &p, int64_t i, int t, int kh, int h, int row0,
+                                                       int glane, raw_inputs<I> &raw)
     {
         const I *kp = static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh);
         const I *qp = static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh);
         const I *vp = static_cast<const I *>(p.v) + gdn__at(p.v_strides, i, t, h);
 #pragma unroll
         for (int n = 0; n < Geo::NV; n++) {
-            gdn__load_vec<I, Geo::EV>(kp + (n * Geo::L + glane) * Geo::EV, k[n]);
-            gdn__load_vec<I, Geo::EV>(qp + (n * Geo::L + glane) * Geo::EV, q[n]);
+            raw.k[n] = *reinterpret_cast<const gdn__raw_vec<I, Geo::EV> *>(kp + (n * Geo::L + glane) * Geo::EV);
+            raw.q[n] = *reinterpret_cast<const gdn__raw_vec<I, Geo::EV> *>(qp + (n * Geo::L + glane) * Geo::EV);
         }
 #pragma unroll
-        for (int rt = 0; rt < Geo::RT; rt++) v[rt] = gdn__to_f32(vp[row0 + rt * Geo::G]);
-        token_gate(gdn__to_f32(static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, h)]),
-                   gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, h)]), A, dt_bias, g, beta);
+        for (int rt = 0; rt < Geo::RT; rt++) raw.v[rt] = vp[row0 + rt * Geo::G];
+        raw.a = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, h)];
+        raw.b = static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, h)];
+    }
+    template <int K, typename I>
+    __device__ __forceinline__ void prepare_direct(const gdn__layer_params &p, const raw_inputs<I> &raw, float A, float dt_bias)
+    {
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+#pragma unroll
+            for (int e = 0; e < Geo::EV; e++) {
+                k[n][e] = gdn__to_f32(raw.k[n].v[e]);
+                q[n][e] = gdn__to_f32(raw.q[n].v[e]);
+            }
+#pragma unroll
+        for (int rt = 0; rt < Geo::RT; rt++) v[rt] = gdn__to_f32(raw.v[rt]);
+        token_gate(gdn__to_f32(raw.a), gdn__to_f32(raw.b), A, dt_bias, g, beta);
         float kk = 0.0f, qq = 0.0f, kqr = 0.0f;
 #pragma unroll
         for (int n = 0; n < Geo::NV; n++)
@@ -176,6 +197,41 @@ template <typename Geo> struct token_values {
                 k[n][e] *= rk;
                 q[n][e] *= rq;
             }
+    }
+    template <int K, typename I>
+    __device__ __forceinline__ void load_direct(const gdn__layer_params &p, int64_t i, int t, int kh, int h, int row0,
+                                                int glane, float A, float dt_bias)
+    {
+        raw_inputs<I> raw;
+        read_direct<K, I>(p, i, t, kh, h, row0, glane, raw);
+        prepare_direct<K, I>(p, raw, A, dt_bias);
+    }
+
+    /* Stored token j of slot r (fold; no output, so no q), straight from the token store (its layout:
+     * gdn_kernel_params.h), every lane group for itself. */
+    template <int K, typename I>
+    __device__ __forceinline__ void load_stored(const gdn__layer_params &p, int64_t r, int j, int kh, int h, int row0,
+                                                int glane, float A, float dt_bias)
+    {
+        const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * gdn__token_elems(p.HK, p.HV, K, p.V);
+        const I *vp = tb + (int64_t)p.HK * K + (int64_t)h * p.V, *ap = tb + (int64_t)p.HK * K + (int64_t)p.HV * p.V + h;
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++) gdn__load_vec<I, Geo::EV>(tb + (int64_t)kh * K + (n * Geo::L + glane) * Geo::EV, k[n]);
+#pragma unroll
+        for (int rt = 0; rt < Geo::RT; rt++) v[rt] = gdn__to_f32(vp[row0 + rt * Geo::G]);
+        token_gate(gdn__to_f32(ap[0]), gdn__to_f32(ap[p.HV]), A, dt_bias, g, beta);
+        float kk = 0.0f;
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+#pragma unroll
+            for (int e = 0; e < Geo::EV; e++) kk = fmaf(k[n][e], k[n][e], kk);
+        kk = group_sum<Geo::L>(kk);
+        const float rk = p.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.0f;
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+#pragma unroll
+            for (int e = 0; e < Geo::EV; e++) k[n][e] *= rk;
+        kq = 0.0f;
     }
 };
 
