@@ -48,12 +48,14 @@
  * procedure; the times mean nothing). --check compares, for a whole cycle of steps before the timing,
  * which pool entries of layer 0 each step changed against the mirror's prediction (ring: exactly the
  * rows that write back; cache: decode rows and committed rows; fold: decode rows and rows with
- * pending tokens), and counts mismatches.
+ * pending tokens), and counts mismatches. --pairs also times, after the verify, pairs of a verify +
+ * commit and then a decode of the same rows (the decode that folds, or replays, what the verify
+ * accepted; the accepted-count copy subtracted), reported per pair and layer ("pair" on the verify row).
  *
  *   gdn-bench --strategies [--preset qwen3-next,qwen3.5] [--state f32,bf16] [--tokens 4,8]
  *                          [--batch 64] [--strategy cache,fold,ring] [--ring-length 16]
  *                          [--slots 1024] [--layers 8] [--samples 20] [--groups G] [--cpu-time]
- *                          [--check] [--json FILE]
+ *                          [--check] [--pairs] [--json FILE]
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -88,7 +90,7 @@ typedef struct sopts {
     int nvariants;
     variant variants[2 + MAX_LIST];
     int32_t num_slots, layers, samples, groups;
-    int cpu_time, check;
+    int cpu_time, check, pairs;
     const char *json;
 } sopts;
 
@@ -388,6 +390,7 @@ typedef struct srow {
     gdn_verify_strategy strategy;
     int verify;         /* 0: decode; 1: verify + commit */
     double us, us_lo, us_hi, copy_us; /* per layer step; copy_us: accepted copy per step (subtracted) */
+    double pair_us;                   /* verify rows, --pairs: a verify + commit and then a decode of the same rows */
     double h_avg, writeback_pct;      /* mean fill level (ring) / pending tokens (fold); rows writing S */
     double st_r, st_w, rec_r, rec_w, commit, io, total; /* bytes per layer step */
     double gbps, pct_copy;
@@ -421,6 +424,7 @@ static void print_row(const srow *r, const srow *own_decode, const srow *cache_d
     if (cache_decode) printf(" %8.3f", r->us / cache_decode->us);
     else printf(" %8s", "-");
     if (r->check_rows) printf("  check %lld/%lld bad", r->check_bad, r->check_rows);
+    if (r->pair_us > 0) printf("  pair %.2f", r->pair_us);
     printf("\n");
     fflush(stdout);
 }
@@ -529,6 +533,21 @@ static int run_batch(ctx *c, const sopts *o, srow *out, int *nout, const srow *p
         v->copy_us = copy_us;
         v->us = (mean - copy_us) / c->layers, v->us_lo = (lo - copy_us) / c->layers, v->us_hi = (hi - copy_us) / c->layers;
         fill_bytes(v, &c->m);
+        if (o->pairs) { /* each group: verify + commit, then a decode, which folds or replays what was accepted */
+            const int pairs = G * ((8 + G - 1) / G);
+            double sum = 0;
+            for (int r = -1; r < samples; r++) { /* r = -1: warm-up */
+                if (watch_start(&w)) return -1;
+                for (int n = 0; n < pairs; n++) {
+                    const int32_t *rows = c->slots + (size_t)(n % G) * (size_t)B;
+                    if (issue(c, rows, 1) || issue(c, rows, 0)) return -1;
+                }
+                double us;
+                if (watch_stop(&w, &us)) return -1;
+                if (r >= 0) sum += us / pairs - copy_us;
+            }
+            v->pair_us = sum / samples / c->layers;
+        }
     }
     CHECK_GDN(gdn_engine_check_device_error(c->e, c->s));
     if (c->gpu) {
@@ -557,7 +576,7 @@ static void usage(void)
             "usage: gdn-bench --strategies [--preset qwen3-next,qwen3.5,tiny] [--state f32,bf16] [--tokens 4,8]\n"
             "                              [--batch 64,...] [--strategy cache,fold,ring] [--ring-length 16,...]\n"
             "                              [--slots 1024] [--layers 8] [--samples 20] [--groups G] [--cpu-time]\n"
-            "                              [--check] [--json FILE]\n");
+            "                              [--check] [--pairs] [--json FILE]\n");
 }
 
 static int parse(int argc, char **argv, sopts *o)
@@ -572,6 +591,7 @@ static int parse(int argc, char **argv, sopts *o)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--cpu-time")) o->cpu_time = 1;
         else if (!strcmp(a, "--check")) o->check = 1;
+        else if (!strcmp(a, "--pairs")) o->pairs = 1;
         else if (!v) return -1;
         else if (!strcmp(a, "--preset")) presets = v, i++;
         else if (!strcmp(a, "--state")) states = v, i++;
@@ -641,10 +661,11 @@ static void write_json(const sopts *o, const mrow *mem, int nmem, const srow *ro
                    "\"accepted_copy_us_per_step\": %.3f, \"fill_avg\": %.3f, \"writeback_pct\": %.3f, "
                    "\"bytes\": {\"state_read\": %.0f, \"state_write\": %.0f, \"records_read\": %.0f, \"records_write\": %.0f, "
                    "\"commit\": %.0f, \"io\": %.0f, \"total\": %.0f}, \"gbps\": %.1f, \"pct_copy\": %.2f, "
-                   "\"check_rows\": %lld, \"check_bad\": %lld}%s\n",
+                   "\"check_rows\": %lld, \"check_bad\": %lld, \"pair_us\": %.3f}%s\n",
                 r->preset, dname(r->state), r->T, sname(r->strategy), r->L, r->B, r->G, r->verify ? "verify_commit" : "decode",
                 r->us, r->us_lo, r->us_hi, r->copy_us, r->h_avg, r->writeback_pct, r->st_r, r->st_w, r->rec_r, r->rec_w,
-                r->commit, r->io, r->total, r->gbps, r->pct_copy, r->check_rows, r->check_bad, i + 1 < nrows ? "," : "");
+                r->commit, r->io, r->total, r->gbps, r->pct_copy, r->check_rows, r->check_bad, r->pair_us,
+                i + 1 < nrows ? "," : "");
     }
     fprintf(f, " ]\n}\n");
     fclose(f);
