@@ -94,6 +94,10 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
         at = align256(at + op->max_batch * (int64_t)sizeof(uint32_t));
         l.flush_row = at;
         at = align256(at + (int64_t)sizeof(int32_t));
+        if (op->strategy == GDN_VERIFY_FOLD && op->backend == GDN_BACKEND_CUDA) {
+            l.key_arrivals = at;
+            at = align256(at + (int64_t)op->max_batch * HK * (int64_t)sizeof(uint32_t));
+        }
         if (op->strategy == GDN_VERIFY_RING && op->backend == GDN_BACKEND_CUDA) { /* the two-kernel decode's */
             l.ring_prep = at;
             at = align256(at + (int64_t)op->max_batch * HV * gdn__ring_prep_floats(l.ring_capacity) * (int64_t)sizeof(float));
@@ -193,6 +197,7 @@ static gdn__layer_params base_params(const gdn_op_layer *op, const gdn__op_layou
         p.pending = (int32_t *)(ws + layout->counts);
         p.deferred_verify = verify;
         p.arrivals = (uint32_t *)(ws + layout->arrivals);
+        if (layout->key_arrivals) p.key_arrivals = (uint32_t *)(ws + layout->key_arrivals);
     } else {
         p.ring = ws + layout->ring;
         p.ring_capacity = layout->ring_capacity;

@@ -23,6 +23,7 @@ typedef struct gdn__op_layout {
     int64_t counts;           /* FOLD pending / RING record counts: int32 [num_slots] */
     int64_t arrivals;         /* FOLD, RING: uint32 [max_batch], zero between steps */
     int64_t flush_row;        /* FOLD, RING: int32, the row of a single-slot write-back */
+    int64_t key_arrivals;     /* FOLD on CUDA: uint32 [max_batch][HK], zero between steps */
     int64_t ring_prep;        /* RING on CUDA: the decode's scratch, fp32 [max_batch][HV][gdn__ring_prep_floats] */
     int64_t side_bytes;       /* FOLD, RING: one slot's stored tokens or records */
     int64_t mixer_arrivals;   /* CUDA with a mixer: uint32 [max_batch][HK + HV], zero between steps */

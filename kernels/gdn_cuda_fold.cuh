@@ -7,6 +7,7 @@
 
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
+#include "gdn_cuda_prepare.cuh"
 #include "gdn_cuda_rows.cuh"
 
 /* Fold verify, by the row's last CTA (every fold from the read slot's tokens is done): copies k
@@ -66,6 +67,32 @@ __device__ __forceinline__ void store_shared_inputs(const gdn__layer_params &p, 
             g[e % gates] = av[u];
             g[gates + e % gates] = bv[u];
         }
+    }
+}
+
+/* Fold verify, by the last CTA of row i to read key head kh's stored k (every CTA of the heads that
+ * share it): the own tokens' k of that key head and a, b of its value heads become slot w's, from the
+ * raw copies the CTA kept in shared memory (shared_tokens::raw_k, raw_gates), so that no CTA waits
+ * for a read at its end. The copy is spread over the row's key heads instead of one CTA copying the
+ * whole row after every CTA of it (store_shared_inputs), a tail that cost small grids ~2.5 us a
+ * layer (bench/results/2026-11-26-h100-fold-verify-keys.md). */
+template <int K, typename I>
+__device__ __forceinline__ void store_own_keys(const gdn__layer_params &p, const shared_tokens &s, int64_t w, int kh,
+                                               int heads_per_key, int T)
+{
+    const int64_t token = gdn__token_elems(p.HK, p.HV, K, p.V);
+    I *store = static_cast<I *>(p.token_store) + w * p.store_tokens * token;
+    constexpr int PIECES = K * (int)sizeof(I) / 16; /* 16-byte pieces of a k row */
+    for (int e = threadIdx.x; e < T * PIECES; e += blockDim.x) {
+        const int t = e / PIECES;
+        reinterpret_cast<uint4 *>(store + t * token + (int64_t)kh * K)[e - t * PIECES] = static_cast<const uint4 *>(s.raw_k)[e];
+    }
+    const I *gates = static_cast<const I *>(s.raw_gates);
+    for (int e = threadIdx.x; e < heads_per_key * T; e += blockDim.x) {
+        const int head = kh * heads_per_key + e / T, t = e % T;
+        I *g = store + t * token + (int64_t)p.HK * K + (int64_t)p.HV * p.V;
+        g[head] = gates[e];
+        g[p.HV + head] = gates[heads_per_key * T + e];
     }
 }
 

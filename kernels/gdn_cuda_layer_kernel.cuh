@@ -156,17 +156,33 @@ template <typename Geo, int SETS> __host__ __device__ constexpr size_t staged_fl
 /* Where the mixer's part of shared memory starts (floats from the start, 16-byte aligned), past the
  * staged state and the prepared tokens; and the whole size in bytes (mixer_smem: its parts). */
 template <typename Geo, int SETS>
-__host__ __device__ size_t mixer_smem_floats(int threads, int K, int cta_rows, int capacity, int T)
+__host__ __device__ size_t mixer_smem_floats(int threads, int K, int cta_rows, int capacity, int T, int keep_heads)
 {
-    return (staged_floats<Geo, SETS>(threads) + shared_tokens::floats(K, cta_rows, capacity, T) + 3) / 4 * 4;
+    return (staged_floats<Geo, SETS>(threads) + shared_tokens::floats(K, cta_rows, capacity, T, keep_heads) + 3) / 4 * 4;
 }
 template <typename Geo, int SETS>
-__host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int capacity, int T, bool mixer,
+__host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int capacity, int T, int keep_heads, bool mixer,
                                          const mixer_smem &parts)
 {
-    if (!mixer) return sizeof(float) * (staged_floats<Geo, SETS>(threads) + shared_tokens::floats(K, cta_rows, capacity, T));
-    return sizeof(float) * mixer_smem_floats<Geo, SETS>(threads, K, cta_rows, capacity, T) + parts.end;
+    if (!mixer)
+        return sizeof(float) * (staged_floats<Geo, SETS>(threads) + shared_tokens::floats(K, cta_rows, capacity, T, keep_heads));
+    return sizeof(float) * mixer_smem_floats<Geo, SETS>(threads, K, cta_rows, capacity, T, keep_heads) + parts.end;
 }
+/* The fold verify on small grids (the kernel's KEEP_KEYS instance, keeps_keys_on: at most
+ * GDN__KEPT_ROW_HEADS_PER_TOKEN row-heads a token, at most GDN__KEPT_HEADS_MAX value heads a key
+ * head) keeps its own tokens' raw k and gates for the token store (store_own_keys): kept_heads, the
+ * value heads of a key head, else 0 and the row's last CTA copies them (store_shared_inputs).
+ * Measured on the H100 (bench/results/2026-11-26-h100-fold-verify-keys.md): small grids wait for that
+ * last copy (B = 1: ~1.4 us a layer of ~9.7); larger ones ran 1-10% slower with the kept copies, and
+ * 1-4% slower with the code compiled in but not taken, so the other instances do not have it. */
+#define GDN__KEPT_HEADS_MAX 8
+#define GDN__KEPT_ROW_HEADS_PER_TOKEN 16
+inline bool keeps_keys_on(const gdn__layer_params *p)
+{
+    return p->deferred_verify && p->T > 0 && p->HV / p->HK <= GDN__KEPT_HEADS_MAX &&
+           (int64_t)p->B * p->HV <= (int64_t)GDN__KEPT_ROW_HEADS_PER_TOKEN * p->T;
+}
+template <bool KEEP_KEYS> __host__ __device__ int kept_heads(const gdn__layer_params &p) { return KEEP_KEYS ? p.HV / p.HK : 0; }
 
 /* Warps a CTA may have. A decode (every strategy) on a grid of fewer than GDN__SMALL_GRID_CTAS
  * four-warp CTAs: up to 8, in as few CTAs as still cover the SMs twice (GDN__DECODE_GRID_CTAS). A
@@ -187,13 +203,15 @@ template <typename S, int REGS, bool ONE_TOKEN, bool STAGED> constexpr int resid
     return ctas > 0 ? ctas : 1;
 }
 
-template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING, bool STAGED>
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING, bool STAGED,
+          bool KEEP_KEYS>
 __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                                   (resident_ctas<S, REGS, ONE_TOKEN, STAGED>())) layer_step_kernel(const gdn__layer_params p)
 {
     static_assert(!RING || (ONE_TOKEN && !FOLD && !MIXER), "the ring's write-through is a decode of the cache strategy");
     static_assert(STAGED == staged_by_default<ONE_TOKEN, FOLD, MIXER>() || (FOLD && ONE_TOKEN && !MIXER),
                   "only the fold decode chooses its staging");
+    static_assert(!KEEP_KEYS || (FOLD && STAGED && !ONE_TOKEN && !MIXER), "only the fold verify keeps its keys");
     constexpr bool SHARED = STAGED;
     constexpr bool DIRECT_FOLD = FOLD && !SHARED; /* a fold decode that reads its stored tokens directly */
     constexpr int SETS = row_sets<SHARED>();
@@ -252,8 +270,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * another: read_slots[i], then the tokens, pending[r] and the state all in flight together. */
     const int own0 = FOLD ? p.store_tokens : 0;
     const int tokens = own0 + T;
+    const int keep_heads = kept_heads<KEEP_KEYS>(p);
     shared_tokens s(smem + staged_floats<Geo, SETS>(blockDim.x), K, cta_rows,
-                    shared_tokens::capacity(FOLD, p.store_tokens, T), T);
+                    shared_tokens::capacity(FOLD, p.store_tokens, T), T, keep_heads);
     /* The mixer (SPEC 6; gdn_cuda_mixer.cuh): with the conv, the CTA's channels of the raw inputs as
      * one sequence [window of slot r; stored tokens; own tokens] in shared memory past the tokens. */
     const bool conv = MIXER && p.mixer.conv_width > 0;
@@ -263,7 +282,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const mixer_smem parts(K, cta_rows, window_rows ? window_rows + 1 : 0, shared_tokens::capacity(FOLD, p.store_tokens, T), T,
                            V, sizeof(I), p.mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, norm);
     char *mixer_base = reinterpret_cast<char *>(
-        smem + mixer_smem_floats<Geo, SETS>(blockDim.x, K, cta_rows, shared_tokens::capacity(FOLD, p.store_tokens, T), T));
+        smem + mixer_smem_floats<Geo, SETS>(blockDim.x, K, cta_rows, shared_tokens::capacity(FOLD, p.store_tokens, T), T,
+                                            keep_heads));
     /* Fold with a tree that is not a chain: the tree form (gdn_cuda_tree.cuh), its coefficients where
      * the mixer's part would be. */
     const bool tree_form = verifying() && !row_is_chain(p.parents, i, T, plan.n);
@@ -340,6 +360,13 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         }
         if (norm) stage_z<I>(p, i, h, T, z_sh);
         gdn__copy_async_commit(); /* the tokens: one group, before the next set's state */
+        if (keep_heads > 0) /* the fold verify: a and b of the key head's value heads, for the token store */
+            for (int e = threadIdx.x; e < keep_heads * T; e += blockDim.x) {
+                const int head = kh * keep_heads + e / T, t = e % T;
+                I *gates = static_cast<I *>(s.raw_gates);
+                gates[e] = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, head)];
+                gates[keep_heads * T + e] = static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, head)];
+            }
         if ((int)threadIdx.x < tokens) {
             const int j = threadIdx.x;
             const I *ap, *bp;
@@ -421,11 +448,17 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const bool row_bookkeeping = FOLD && (!ONE_TOKEN || verifying() || folds > 0 || r != w);
     unsigned arrival = 0;
     if (SHARED && row_bookkeeping && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
-    /* The mixer's conv: the same for the CTAs that read key head kh's window channels. */
+    /* The same for the CTAs of key head kh's value heads. The mixer's conv: they have read its window
+     * channels. The fold verify: they have read slot r's stored k of kh, and the last stores the own
+     * tokens' (its count's answer read only at the end, so that the atomic's round trip overlaps the
+     * token loop; waiting for it here delayed the CTA's first warp by that round trip). */
     bool kh_last = false;
     uint32_t *mixer_counts = MIXER ? p.mixer.arrivals + i * (int64_t)(HK + HV) : nullptr;
     const bool kh_writes = window_moves || (conv && verifying());
     if (kh_writes && threadIdx.x == 0) kh_last = arrive_last(mixer_counts + kh, (uint32_t)((HV / HK) * tiles_per_head));
+    const bool keys_by_head = keep_heads > 0 && verifying() && p.key_arrivals;
+    unsigned key_arrival = 0;
+    if (keys_by_head && threadIdx.x == 0) key_arrival = atomicAdd(p.key_arrivals + i * HK + kh, 1u);
 
     if (verifying() && conv) /* the same for the raw x of its v channels */
         store_own_x<I>(mc, raw, seq, T, static_cast<I *>(p.token_store) + w * p.store_tokens * token_elems, token_elems,
@@ -562,13 +595,23 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             __syncthreads();
             if (last_cta) {
                 if (verifying() && conv) store_mixer_gates<I>(p, i, w, T);
-                else if (verifying()) store_shared_inputs<K, I>(p, i, w, T);
+                else if (verifying() && !keys_by_head) store_shared_inputs<K, I>(p, i, w, T);
                 if (threadIdx.x == 0) {
                     p.pending[w] = 0;
                     p.arrivals[i] = 0;
                 }
             }
         }
+    }
+
+    if (keys_by_head) { /* uniform over the CTA */
+        __shared__ int keys_last_cta;
+        if (threadIdx.x == 0) {
+            keys_last_cta = key_arrival == (uint32_t)(keep_heads * tiles_per_head) - 1u;
+            if (keys_last_cta) p.key_arrivals[i * HK + kh] = 0;
+        }
+        __syncthreads();
+        if (keys_last_cta) store_own_keys<K, I>(p, s, w, kh, keep_heads, T);
     }
 
     if constexpr (MIXER) {
@@ -606,7 +649,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
 /* ---------------------------------------------------------------------------------------------- */
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING,
-          bool STAGED = staged_by_default<ONE_TOKEN, FOLD, MIXER>()>
+          bool STAGED = staged_by_default<ONE_TOKEN, FOLD, MIXER>(), bool KEEP_KEYS = false>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
     constexpr bool SHARED = STAGED;
@@ -634,23 +677,27 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
                            p->mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, MIXER && p->mixer.norm_weight);
     /* A fold verify with a tree keeps its coefficients past the mixer's part (or where it would be). */
     constexpr bool TREE_FORM = FOLD && !ONE_TOKEN;
-    const auto tree_staging = [](int threads, int rows, int tokens, int capacity_, const mixer_smem &parts_) {
-        return sizeof(float) * mixer_smem_floats<Geo, SETS>(threads, K, rows, capacity_, tokens) + (MIXER ? parts_.end : 0) +
+    const int keep_heads = kept_heads<KEEP_KEYS>(*p);
+    const auto tree_staging = [](int threads, int rows, int tokens, int capacity_, int keep_heads_, const mixer_smem &parts_) {
+        return sizeof(float) * mixer_smem_floats<Geo, SETS>(threads, K, rows, capacity_, tokens, keep_heads_) +
+               (MIXER ? parts_.end : 0) +
                sizeof(float) * tree_shared::floats(tokens, rows);
     };
-    const size_t smem = TREE_FORM && p->parents ? tree_staging(warps * 32, cta_rows, T, capacity, parts)
-                        : SHARED                ? staging_bytes<Geo, SETS>(warps * 32, K, cta_rows, capacity, T, MIXER, parts)
+    const size_t smem = TREE_FORM && p->parents ? tree_staging(warps * 32, cta_rows, T, capacity, keep_heads, parts)
+                        : SHARED ? staging_bytes<Geo, SETS>(warps * 32, K, cta_rows, capacity, T, keep_heads, MIXER, parts)
                                                 : 0;
-    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED>;
+    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED, KEEP_KEYS>;
     if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per device and instance, up to the largest case */
         constexpr int most_tokens = GDN_MAX_TOKENS;
         constexpr int most_capacity = most_tokens + most_tokens; /* shared_tokens::capacity(true, ...) */
         static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
         const mixer_smem largest_parts(K, GDN__MAX_HEAD_DIM, MIXER ? GDN__MAX_CONV_WIDTH : 0, most_capacity, most_tokens,
                                        GDN__MAX_HEAD_DIM, sizeof(I), 4, MIXER);
-        size_t largest = staging_bytes<Geo, SETS>(128, K, GDN__MAX_HEAD_DIM, most_capacity, most_tokens, MIXER, largest_parts);
+        const int most_kept = KEEP_KEYS ? GDN__KEPT_HEADS_MAX : 0;
+        size_t largest =
+            staging_bytes<Geo, SETS>(128, K, GDN__MAX_HEAD_DIM, most_capacity, most_tokens, most_kept, MIXER, largest_parts);
         if constexpr (TREE_FORM) {
-            const size_t largest_tree = tree_staging(128, GDN__MAX_HEAD_DIM, most_tokens, most_capacity, largest_parts);
+            const size_t largest_tree = tree_staging(128, GDN__MAX_HEAD_DIM, most_tokens, most_capacity, most_kept, largest_parts);
             if (largest_tree > largest) largest = largest_tree;
         }
         GDN__CUDA_TRY(gdn__opt_in_shared(kernel, (int)largest, opted_in));
@@ -672,7 +719,10 @@ static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
         if constexpr (!RING) return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
         else return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
-    default: return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
+    default:
+        if constexpr (FOLD && !ONE_TOKEN && !MIXER)
+            if (keeps_keys_on(p)) return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, false, true, false, false, true, true>(p, stream);
+        return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     }
 }
 

@@ -15,17 +15,25 @@
 
 /* Computed once per CTA before the token loop, in fp32 shared memory: normalised k^ (every token) and
  * q^ (own tokens), v of the CTA's rows, the decay g, beta and k^.q^. Tokens 0..store_tokens-1 are the
- * read slot's stored tokens (fold), then the step's own T tokens. Sized for capacity tokens. */
+ * read slot's stored tokens (fold), then the step's own T tokens. Sized for capacity tokens. With
+ * keep_heads > 0 (the fold verify: the value heads of a key head), also, in the input type, the own
+ * tokens' raw k as read ([T][K], 16-byte aligned) and the raw a and b of those heads ([2][heads][T]),
+ * which the token store gets. */
 struct shared_tokens {
     float *khat, *qhat, *v, *gate, *beta, *kq;
+    void *raw_k, *raw_gates; /* or nullptr */
 
     /* Tokens a CTA prepares at most: the read slot's stored tokens (fold; up to store_tokens) and the step's T. */
     static __host__ __device__ int capacity(bool fold, int store_tokens, int T) { return (fold ? store_tokens : 0) + T; }
-    static __host__ __device__ size_t floats(int K, int tile_rows, int capacity, int T)
+    static __host__ __device__ size_t prepared_floats(int K, int tile_rows, int capacity, int T)
     {
-        return (size_t)capacity * (K + tile_rows + 2) + (size_t)T * (K + 1);
+        return ((size_t)capacity * (K + tile_rows + 2) + (size_t)T * (K + 1) + 3) / 4 * 4;
     }
-    __device__ shared_tokens(float *base, int K, int tile_rows, int capacity, int T)
+    static __host__ __device__ size_t floats(int K, int tile_rows, int capacity, int T, int keep_heads)
+    {
+        return prepared_floats(K, tile_rows, capacity, T) + (keep_heads > 0 ? (size_t)T * (K / 2 + keep_heads) : 0);
+    }
+    __device__ shared_tokens(float *base, int K, int tile_rows, int capacity, int T, int keep_heads)
     {
         khat = base;
         qhat = khat + (size_t)capacity * K;
@@ -33,6 +41,8 @@ struct shared_tokens {
         gate = v + (size_t)capacity * tile_rows;
         beta = gate + capacity;
         kq = beta + capacity;
+        raw_k = keep_heads > 0 ? base + prepared_floats(K, tile_rows, capacity, T) : nullptr;
+        raw_gates = keep_heads > 0 ? static_cast<float *>(raw_k) + (size_t)T * K / 2 : nullptr;
     }
 };
 
@@ -112,6 +122,9 @@ __device__ __forceinline__ void prepare_token(const gdn__layer_params &p, shared
     for (int c = 0; c < VPL; c++)
         if (lane + c * 32 < tile_rows) vx[c] = gdn__to_f32(raw_v[lane + c * 32]);
     __syncwarp();
+    if (WITH_Q && s.raw_k) /* an own token's k as read (exact: I to fp32 and back) */
+#pragma unroll
+        for (int e = 0; e < KPL; e++) static_cast<I *>(s.raw_k)[(size_t)t * K + lane * KPL + e] = gdn__from_f32<I>(kx[e]);
     store_normalised<K, WITH_Q>(p, s, kx, qx, krow, qrow, t, lane);
 #pragma unroll
     for (int c = 0; c < VPL; c++)

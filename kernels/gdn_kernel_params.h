@@ -200,6 +200,9 @@ typedef struct gdn__layer_params {
     int32_t deferred_verify;
     uint32_t *arrivals;        /* [B] zeroed, left zeroed: the CUDA kernel's per-row count of finished
                                 * CTAs, so that the last one does the row's bookkeeping (fold, ring) */
+    uint32_t *key_arrivals;    /* CUDA fold: [B][HK] zeroed, left zeroed: per row and key head, the
+                                * CTAs that have read slot r's stored k of that head; the last stores
+                                * the verify's own k (and the gates of the head group) as slot w's */
 
     /* Ring strategy; ring == NULL selects another. */
     void *ring;                /* [num_slots][ring_capacity] records of gdn__ring_record_bytes() bytes */
