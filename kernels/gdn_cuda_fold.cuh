@@ -74,8 +74,8 @@ __device__ __forceinline__ void store_shared_inputs(const gdn__layer_params &p, 
  * share it): the own tokens' k of that key head and a, b of its value heads become slot w's, from the
  * raw copies the CTA kept in shared memory (shared_tokens::raw_k, raw_gates), so that no CTA waits
  * for a read at its end. The copy is spread over the row's key heads instead of one CTA copying the
- * whole row after every CTA of it (store_shared_inputs), a tail that cost small grids ~2.5 us a
- * layer (bench/results/2026-11-26-h100-fold-verify-keys.md). */
+ * whole row after every CTA of it (store_shared_inputs), the tail of small grids
+ * (bench/results/2026-11-26-h100-fold-verify-keys.md). */
 template <int K, typename I>
 __device__ __forceinline__ void store_own_keys(const gdn__layer_params &p, const shared_tokens &s, int64_t w, int kh,
                                                int heads_per_key, int T)

@@ -173,8 +173,8 @@ __host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int c
  * head) keeps its own tokens' raw k and gates for the token store (store_own_keys): kept_heads, the
  * value heads of a key head, else 0 and the row's last CTA copies them (store_shared_inputs).
  * Measured on the H100 (bench/results/2026-11-26-h100-fold-verify-keys.md): small grids wait for that
- * last copy (B = 1: ~1.4 us a layer of ~9.7); larger ones ran 1-10% slower with the kept copies, and
- * 1-4% slower with the code compiled in but not taken, so the other instances do not have it. */
+ * last copy; larger ones ran slower with the kept copies, and also with the code compiled in but not
+ * taken, so the other instances do not have it. */
 #define GDN__KEPT_HEADS_MAX 8
 #define GDN__KEPT_ROW_HEADS_PER_TOKEN 16
 inline bool keeps_keys_on(const gdn__layer_params *p)
