@@ -20,7 +20,7 @@ template <int K, typename I>
 __device__ __forceinline__ void store_shared_inputs(const gdn__layer_params &p, int64_t i, int64_t w, int T)
 {
     constexpr int BATCH = 4;
-    const int64_t qk = (int64_t)p.HK * K, gates = p.HV, token = gdn__token_elems(p.HK, p.HV, K, p.V);
+    const int64_t gates = p.HV, token = gdn__token_elems(p.HK, p.HV, K, p.V);
     I *store = static_cast<I *>(p.token_store) + w * p.store_tokens * token;
     /* k: 16-byte pieces of each (token, key head) row (K * 2 bytes is a multiple of 16; the input's
      * heads and the stored tokens are 16-byte aligned). */
@@ -63,7 +63,7 @@ __device__ __forceinline__ void store_shared_inputs(const gdn__layer_params &p, 
         for (int u = 0; u < BATCH; u++) {
             const int64_t e = base + u * blockDim.x;
             if (e >= T * gates) continue;
-            I *g = store + (e / gates) * token + qk + (int64_t)p.HV * p.V;
+            I *g = store + (e / gates) * token + gdn__token_gates_offset(p.HK, p.HV, K, p.V);
             g[e % gates] = av[u];
             g[gates + e % gates] = bv[u];
         }
@@ -90,7 +90,7 @@ __device__ __forceinline__ void store_own_keys(const gdn__layer_params &p, const
     const I *gates = static_cast<const I *>(s.raw_gates);
     for (int e = threadIdx.x; e < heads_per_key * T; e += blockDim.x) {
         const int head = kh * heads_per_key + e / T, t = e % T;
-        I *g = store + t * token + (int64_t)p.HK * K + (int64_t)p.HV * p.V;
+        I *g = store + t * token + gdn__token_gates_offset(p.HK, p.HV, K, p.V);
         g[head] = gates[e];
         g[p.HV + head] = gates[heads_per_key * T + e];
     }

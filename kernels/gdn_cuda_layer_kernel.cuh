@@ -105,8 +105,7 @@ __device__ __forceinline__ void apply_ring_records(const gdn__layer_params &p, f
             for (int n = 0; n < NV; n++)
 #pragma unroll
                 for (int e = 0; e < EV; e++) kk = fmaf(k[b][n][e], k[b][n][e], kk);
-            kk = group_sum<L>(kk);
-            const float rk = p.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.0f;
+            const float rk = l2norm_scale(p, group_sum<L>(kk));
             const float g = expf(token_log_decay(a[b], A, dt_bias));
 #pragma unroll
             for (int rt = 0; rt < RT; rt++) {
@@ -179,7 +178,7 @@ __host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int c
 #define GDN__KEPT_ROW_HEADS_PER_TOKEN 16
 inline bool keeps_keys_on(const gdn__layer_params *p)
 {
-    return p->deferred_verify && p->T > 0 && p->HV / p->HK <= GDN__KEPT_HEADS_MAX &&
+    return p->deferred_verify && p->T > 0 && p->key_arrivals && p->HV / p->HK <= GDN__KEPT_HEADS_MAX &&
            (int64_t)p->B * p->HV <= (int64_t)GDN__KEPT_ROW_HEADS_PER_TOKEN * p->T;
 }
 template <bool KEEP_KEYS> __host__ __device__ int kept_heads(const gdn__layer_params &p) { return KEEP_KEYS ? p.HV / p.HK : 0; }
@@ -311,7 +310,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 stage_conv_row<K, I>(mc, raw + (size_t)(window_rows + j) * mc.pitch, tb, lane);
             else
                 stage_token<K, I, false>(s, j, 0, tb + (int64_t)kh * K, nullptr,
-                                         tb + (int64_t)HK * K + (int64_t)h * V + tile_row0, cta_rows, lane);
+                                         tb + gdn__token_v_offset(HK, K) + (int64_t)h * V + tile_row0, cta_rows, lane);
         }
     }
 
@@ -360,7 +359,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         }
         if (norm) stage_z<I>(p, i, h, T, z_sh);
         gdn__copy_async_commit(); /* the tokens: one group, before the next set's state */
-        if (keep_heads > 0) /* the fold verify: a and b of the key head's value heads, for the token store */
+        if constexpr (KEEP_KEYS) /* the fold verify: a and b of the key head's value heads, for the token store */
             for (int e = threadIdx.x; e < keep_heads * T; e += blockDim.x) {
                 const int head = kh * keep_heads + e / T, t = e % T;
                 I *gates = static_cast<I *>(s.raw_gates);
@@ -372,7 +371,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             const I *ap, *bp;
             if (FOLD && j < own0) {
                 ap = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems +
-                     (conv ? (int64_t)p.mixer.conv_dim : (int64_t)HK * K + (int64_t)HV * V) + h;
+                     (conv ? (int64_t)p.mixer.conv_dim : gdn__token_gates_offset(HK, HV, K, V)) + h;
                 bp = ap + HV;
             } else {
                 ap = static_cast<const I *>(p.a) + gdn__at(p.a_strides, i, j - own0, h);
@@ -456,9 +455,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     uint32_t *mixer_counts = MIXER ? p.mixer.arrivals + i * (int64_t)(HK + HV) : nullptr;
     const bool kh_writes = window_moves || (conv && verifying());
     if (kh_writes && threadIdx.x == 0) kh_last = arrive_last(mixer_counts + kh, (uint32_t)((HV / HK) * tiles_per_head));
-    const bool keys_by_head = keep_heads > 0 && verifying() && p.key_arrivals;
-    unsigned key_arrival = 0;
-    if (keys_by_head && threadIdx.x == 0) key_arrival = atomicAdd(p.key_arrivals + i * HK + kh, 1u);
+    unsigned key_arrival = 0; /* KEEP_KEYS runs fold verifies with the counts only (keeps_keys_on) */
+    if (KEEP_KEYS && threadIdx.x == 0) key_arrival = atomicAdd(p.key_arrivals + i * HK + kh, 1u);
 
     if (verifying() && conv) /* the same for the raw x of its v channels */
         store_own_x<I>(mc, raw, seq, T, static_cast<I *>(p.token_store) + w * p.store_tokens * token_elems, token_elems,
@@ -470,7 +468,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         I *store = static_cast<I *>(p.token_store);
         for (int e = threadIdx.x; e < T * cta_rows; e += blockDim.x) {
             const int t = e / cta_rows, row = e % cta_rows;
-            store[(w * p.store_tokens + t) * token_elems + (int64_t)HK * K + (int64_t)h * V + tile_row0 + row] =
+            store[(w * p.store_tokens + t) * token_elems + gdn__token_v_offset(HK, K) + (int64_t)h * V + tile_row0 + row] =
                 gdn__from_f32<I>(s.v[(size_t)(own0 + t) * cta_rows + row]);
         }
     }
@@ -595,7 +593,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             __syncthreads();
             if (last_cta) {
                 if (verifying() && conv) store_mixer_gates<I>(p, i, w, T);
-                else if (verifying() && !keys_by_head) store_shared_inputs<K, I>(p, i, w, T);
+                else if (verifying() && !KEEP_KEYS) store_shared_inputs<K, I>(p, i, w, T);
                 if (threadIdx.x == 0) {
                     p.pending[w] = 0;
                     p.arrivals[i] = 0;
@@ -604,7 +602,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         }
     }
 
-    if (keys_by_head) { /* uniform over the CTA */
+    if constexpr (KEEP_KEYS) {
         __shared__ int keys_last_cta;
         if (threadIdx.x == 0) {
             keys_last_cta = key_arrival == (uint32_t)(keep_heads * tiles_per_head) - 1u;

@@ -227,7 +227,7 @@ template <typename Geo> struct token_values {
                                                 int glane, float A, float dt_bias)
     {
         const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * gdn__token_elems(p.HK, p.HV, K, p.V);
-        const I *vp = tb + (int64_t)p.HK * K + (int64_t)h * p.V, *ap = tb + (int64_t)p.HK * K + (int64_t)p.HV * p.V + h;
+        const I *vp = tb + gdn__token_v_offset(p.HK, K) + (int64_t)h * p.V, *ap = tb + gdn__token_gates_offset(p.HK, p.HV, K, p.V) + h;
 #pragma unroll
         for (int n = 0; n < Geo::NV; n++) gdn__load_vec<I, Geo::EV>(tb + (int64_t)kh * K + (n * Geo::L + glane) * Geo::EV, k[n]);
 #pragma unroll
@@ -238,8 +238,7 @@ template <typename Geo> struct token_values {
         for (int n = 0; n < Geo::NV; n++)
 #pragma unroll
             for (int e = 0; e < Geo::EV; e++) kk = fmaf(k[n][e], k[n][e], kk);
-        kk = group_sum<Geo::L>(kk);
-        const float rk = p.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.0f;
+        const float rk = l2norm_scale(p, group_sum<Geo::L>(kk));
 #pragma unroll
         for (int n = 0; n < Geo::NV; n++)
 #pragma unroll

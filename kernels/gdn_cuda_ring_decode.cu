@@ -195,7 +195,7 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
             for (int half = 0; half < 2; half++) {
                 const int j = m0 + qg + 8 * half;
                 if (qt == 0 && j < h) {
-                    const float rj = p.use_qk_l2norm ? rsqrtf((half ? xx_bottom : xx_top) + 1e-6f) : 1.0f;
+                    const float rj = l2norm_scale(p, half ? xx_bottom : xx_top);
                     dot_k[j] = rj * rk * acc[0][2 * half];
                     dot_q[j] = rj * rq * acc[0][2 * half + 1];
                     norm_of[j] = rj;
@@ -213,7 +213,7 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
         for (int e = 0; e < KPL; e++) xx = fmaf(x[e], x[e], xx), xk = fmaf(x[e], k[e], xk), xq = fmaf(x[e], q[e], xq);
         xx = group_sum<GL>(xx), xk = group_sum<GL>(xk), xq = group_sum<GL>(xq);
         if (j < h && glane == 0) {
-            const float rj = p.use_qk_l2norm ? rsqrtf(xx + 1e-6f) : 1.0f;
+            const float rj = l2norm_scale(p, xx);
             dot_k[j] = rj * rk * xk;
             dot_q[j] = rj * rq * xq;
             norm_of[j] = rj;

@@ -73,10 +73,14 @@ __device__ __forceinline__ void token_gate(float a, float b, float A, float dt_b
     g = expf(token_log_decay(a, A, dt_bias));
     beta = 1.0f / (1.0f + expf(-b));
 }
+__device__ __forceinline__ float l2norm_scale(const gdn__layer_params &p, float xx)
+{
+    return p.use_qk_l2norm ? rsqrtf(xx + 1e-6f) : 1.0f;
+}
 __device__ __forceinline__ void norm_scales(const gdn__layer_params &p, float kk, float qq, float &rk, float &rq)
 {
-    rk = p.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.0f;
-    rq = p.scale * (p.use_qk_l2norm ? rsqrtf(qq + 1e-6f) : 1.0f);
+    rk = l2norm_scale(p, kk);
+    rq = p.scale * l2norm_scale(p, qq);
 }
 
 /* A row whose read slot is padding (< 0) or whose slots cannot be used (out_of_range: the flag is

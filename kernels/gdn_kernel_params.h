@@ -307,6 +307,13 @@ static inline GDN__HOST_DEVICE int64_t gdn__token_elems(int32_t HK, int32_t HV, 
 {
     return ((int64_t)HK * K + (int64_t)HV * V + 2 * (int64_t)HV + 7) / 8 * 8;
 }
+/* Where a stored token's v [HV, V] and its gates (a [HV], then b [HV]) start, in elements from the
+ * token's start (k [HK, K] is first). */
+static inline GDN__HOST_DEVICE int64_t gdn__token_v_offset(int32_t HK, int32_t K) { return (int64_t)HK * K; }
+static inline GDN__HOST_DEVICE int64_t gdn__token_gates_offset(int32_t HK, int32_t HV, int32_t K, int32_t V)
+{
+    return gdn__token_v_offset(HK, K) + (int64_t)HV * V;
+}
 
 typedef struct gdn__commit_params {
     int32_t B;          /* rows of the verify step */
