@@ -232,7 +232,7 @@ static int64_t stored_token_elems(const gdn__layer_params *p)
 /* Where a stored token's a gates start (b follow HV later). */
 static int64_t stored_gates_at(const gdn__layer_params *p)
 {
-    return conv_on(p) ? p->mixer.conv_dim : (int64_t)p->HK * p->K + (int64_t)p->HV * p->V;
+    return conv_on(p) ? p->mixer.conv_dim : gdn__token_gates_offset(p->HK, p->HV, p->K, p->V);
 }
 
 /* Fold strategy: widens stored token t of `slot` for value head h (key head kh); with the conv only
@@ -244,7 +244,7 @@ static void load_stored_token(const gdn__layer_params *p, int64_t slot, int32_t 
     const int64_t gates_at = base + stored_gates_at(p);
     if (!conv_on(p)) {
         widen(p->token_store, p->input_dtype, base + (int64_t)kh * p->K, p->K, k);
-        widen(p->token_store, p->input_dtype, base + (int64_t)p->HK * p->K + (int64_t)h * p->V, p->V, v);
+        widen(p->token_store, p->input_dtype, base + gdn__token_v_offset(p->HK, p->K) + (int64_t)h * p->V, p->V, v);
     }
     *a = gdn__load_f32(p->token_store, p->input_dtype, gates_at + h);
     *b = gdn__load_f32(p->token_store, p->input_dtype, gates_at + p->HV + h);
@@ -270,7 +270,7 @@ static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot
 {
     const size_t esize = gdn_dtype_size(p->input_dtype);
     const int64_t token = stored_token_elems(p), gates = stored_gates_at(p);
-    const int64_t qk = (int64_t)p->HK * p->K;
+    const int64_t v_at = gdn__token_v_offset(p->HK, p->K);
     for (int32_t t = 0; t < rt->n; t++) {
         if (!rt->live[t]) continue;
         char *dst = (char *)p->token_store + (size_t)((slot * p->store_tokens + t) * token) * esize;
@@ -281,7 +281,7 @@ static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot
                 memcpy(dst + (size_t)kh * p->K * esize,
                        (const char *)p->k + gdn__at(p->k_strides, i, t, kh) * (int64_t)esize, (size_t)p->K * esize);
             for (int32_t h = 0; h < p->HV; h++)
-                memcpy(dst + (size_t)(qk + (int64_t)h * p->V) * esize,
+                memcpy(dst + (size_t)(v_at + (int64_t)h * p->V) * esize,
                        (const char *)p->v + gdn__at(p->v_strides, i, t, h) * (int64_t)esize, (size_t)p->V * esize);
         }
         for (int32_t h = 0; h < p->HV; h++) {
