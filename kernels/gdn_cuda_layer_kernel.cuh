@@ -202,6 +202,26 @@ template <typename S, int REGS, bool ONE_TOKEN, bool STAGED> constexpr int resid
     return ctas > 0 ? ctas : 1;
 }
 
+/* The fold verify's row sets on grids of at most GDN__SMALL_GRID_CTAS four-warp CTAs (`sets`: the
+ * default rule's, which leaves such grids one set a CTA, or two). Each CTA prepares every token, so
+ * fewer, longer CTAs prepare less, and gain more the more tokens there are. Taken where they measured
+ * faster on the H100 (bench/results/2026-11-26-h100-fold-verify-sets.md), from two to eight tokens
+ * (16-token chains and trees ran slower): two sets a CTA down to 512 CTAs, down to 256 (two an SM)
+ * from four tokens; four sets only where they come down to 256, from three tokens; the big fp32
+ * instance's longer sets not below 1024 CTAs at two tokens.
+ * `ctas(s)`: the grid of s sets of four warps, 0 where they do not divide V. */
+template <int SETS, typename Ctas> inline int fold_verify_sets(int sets, int T, bool long_sets, const Ctas &ctas)
+{
+    if (T < 2 || T > 8 || ctas(sets) > GDN__SMALL_GRID_CTAS) return sets;
+    for (int s = SETS; s > 1; s /= 2) {
+        const int64_t n = ctas(s);
+        const bool enough = n >= (s == 2 && T < 4 ? 2 * GDN__DECODE_GRID_CTAS : GDN__DECODE_GRID_CTAS);
+        const bool four_fit = s <= 2 || (n <= GDN__DECODE_GRID_CTAS && T >= 3);
+        if (enough && four_fit && !(long_sets && T < 3 && n < GDN__SMALL_GRID_CTAS)) return s;
+    }
+    return sets;
+}
+
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING, bool STAGED,
           bool KEEP_KEYS>
 __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
@@ -657,6 +677,9 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     int warps = 4, sets = SETS; /* fewer sets, then fewer warps, until small grids reach every SM */
     while (sets > 1 && (p->V % (sets * warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
         sets /= 2;
+    if constexpr (FOLD && !ONE_TOKEN && !MIXER)
+        sets = fold_verify_sets<SETS>(sets, p->T, sizeof(S) == 4 && REGS == big_regs<S>(),
+                                      [&](int s) { return p->V % (s * 4 * Geo::ROWS_PER_WARP) == 0 ? ctas(4, s) : 0; });
     /* The staged instances (fold verify, the mixer) keep more warps per CTA on small grids: a CTA
      * prepares every token (one warp a token) and does the row's bookkeeping, fixed costs that
      * one-warp CTAs run serially (B = 1, qwen3-next, T = 4: 1024 one-warp CTAs, each a ~9 us chain of
