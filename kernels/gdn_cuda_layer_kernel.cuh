@@ -172,10 +172,11 @@ __host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int c
  * head) keeps its own tokens' raw k and gates for the token store (store_own_keys): kept_heads, the
  * value heads of a key head, else 0 and the row's last CTA copies them (store_shared_inputs).
  * Measured on the H100 (bench/results/2026-11-26-h100-fold-verify-keys.md): small grids wait for that
- * last copy; larger ones ran slower with the kept copies, and also with the code compiled in but not
- * taken, so the other instances do not have it. */
+ * last copy; the largest ran slower with the kept copies, and also with the code compiled in but not
+ * taken, so the other instances do not have it. Up to 64 row-heads a token every measured grid gained,
+ * with the fold verify's row sets of fold_verify_sets (2026-11-26-h100-fold-verify-sets.md). */
 #define GDN__KEPT_HEADS_MAX 8
-#define GDN__KEPT_ROW_HEADS_PER_TOKEN 16
+#define GDN__KEPT_ROW_HEADS_PER_TOKEN 64
 inline bool keeps_keys_on(const gdn__layer_params *p)
 {
     return p->deferred_verify && p->T > 0 && p->key_arrivals && p->HV / p->HK <= GDN__KEPT_HEADS_MAX &&
