@@ -174,7 +174,7 @@ __host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int c
  * Measured on the H100 (bench/results/2026-11-26-h100-fold-verify-keys.md): small grids wait for that
  * last copy; the largest ran slower with the kept copies, and also with the code compiled in but not
  * taken, so the other instances do not have it. Up to 64 row-heads a token every measured grid gained,
- * with the fold verify's row sets of fold_verify_sets (2026-11-26-h100-fold-verify-sets.md). */
+ * with the fold verify's row sets of staged_verify_sets (2026-11-26-h100-fold-verify-sets.md). */
 #define GDN__KEPT_HEADS_MAX 8
 #define GDN__KEPT_ROW_HEADS_PER_TOKEN 64
 inline bool keeps_keys_on(const gdn__layer_params *p)
@@ -203,15 +203,18 @@ template <typename S, int REGS, bool ONE_TOKEN, bool STAGED> constexpr int resid
     return ctas > 0 ? ctas : 1;
 }
 
-/* The fold verify's row sets on grids of at most GDN__SMALL_GRID_CTAS four-warp CTAs (`sets`: the
- * default rule's, which leaves such grids one set a CTA, or two). Each CTA prepares every token, so
- * fewer, longer CTAs prepare less, and gain more the more tokens there are. Taken where they measured
- * faster on the H100 (bench/results/2026-11-26-h100-fold-verify-sets.md), from two to eight tokens
- * (16-token chains and trees ran slower): two sets a CTA down to 512 CTAs, down to 256 (two an SM)
- * from four tokens; four sets only where they come down to 256, from three tokens; the big fp32
- * instance's longer sets not below 1024 CTAs at two tokens.
+/* The staged verify's row sets (fold, and the mixer's cache and fold) on grids of at most
+ * GDN__SMALL_GRID_CTAS four-warp CTAs (`sets`: the default rule's, which leaves such grids one set a
+ * CTA, or two). Each CTA prepares every token, so fewer, longer CTAs prepare less, and gain more the
+ * more tokens there are. Taken where they measured faster on the H100
+ * (bench/results/2026-11-26-h100-fold-verify-sets.md), from two to eight tokens (16-token chains and
+ * trees ran slower): two sets a CTA down to 512 CTAs, down to 256 (two an SM) from four tokens; four
+ * sets only where they come down to 256, from three tokens; the big fp32 instance's longer sets not
+ * below 1024 CTAs at two tokens. The launcher takes more sets only where the grid still runs in one
+ * wave (in_one_wave: the mixer's shared memory grows with the CTA's rows), and fewer not for the
+ * mixer (each of its CTAs also runs the conv of its key head's channels).
  * `ctas(s)`: the grid of s sets of four warps, 0 where they do not divide V. */
-template <int SETS, typename Ctas> inline int fold_verify_sets(int sets, int T, bool long_sets, const Ctas &ctas)
+template <int SETS, typename Ctas> inline int staged_verify_sets(int sets, int T, bool long_sets, const Ctas &ctas)
 {
     if (T < 2 || T > 8 || ctas(sets) > GDN__SMALL_GRID_CTAS) return sets;
     for (int s = SETS; s > 1; s /= 2) {
@@ -221,6 +224,18 @@ template <int SETS, typename Ctas> inline int fold_verify_sets(int sets, int T, 
         if (enough && four_fit && !(long_sets && T < 3 && n < GDN__SMALL_GRID_CTAS)) return s;
     }
     return sets;
+}
+/* Whether a grid of `ctas` CTAs of `threads` threads and `smem` bytes of shared memory all run at
+ * once on this device (false when the runtime cannot tell). */
+template <typename Kernel> inline bool in_one_wave(Kernel kernel, int threads, size_t smem, int64_t ctas)
+{
+    int device = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return (int64_t)per_sm * sms >= ctas;
 }
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING, bool STAGED,
@@ -675,12 +690,33 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     using Geo = layer_geometry<K, S, REGS, SHARED>;
     constexpr int SETS = row_sets<SHARED>();
     const auto ctas = [&](int warps, int sets) { return (int64_t)p->B * p->HV * (p->V / (sets * warps * Geo::ROWS_PER_WARP)); };
+    const int T = ONE_TOKEN ? 1 : p->T;
+    const int capacity = shared_tokens::capacity(FOLD, p->store_tokens, T);
+    /* A fold verify with a tree keeps its coefficients past the mixer's part (or where it would be). */
+    constexpr bool TREE_FORM = FOLD && !ONE_TOKEN;
+    const int keep_heads = kept_heads<KEEP_KEYS>(*p);
+    const auto tree_staging = [](int threads, int rows, int tokens, int capacity_, int keep_heads_, const mixer_smem &parts_) {
+        return sizeof(float) * mixer_smem_floats<Geo, SETS>(threads, K, rows, capacity_, tokens, keep_heads_) +
+               (MIXER ? parts_.end : 0) +
+               sizeof(float) * tree_shared::floats(tokens, rows);
+    };
+    const auto smem_for = [&](int warps_, int cta_rows_) -> size_t {
+        const mixer_smem parts(K, cta_rows_, MIXER ? p->mixer.conv_width : 0, capacity, T, p->V, sizeof(I),
+                               p->mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, MIXER && p->mixer.norm_weight);
+        return TREE_FORM && p->parents ? tree_staging(warps_ * 32, cta_rows_, T, capacity, keep_heads, parts)
+               : SHARED                ? staging_bytes<Geo, SETS>(warps_ * 32, K, cta_rows_, capacity, T, keep_heads, MIXER, parts)
+                                       : 0;
+    };
+    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED, KEEP_KEYS>;
     int warps = 4, sets = SETS; /* fewer sets, then fewer warps, until small grids reach every SM */
     while (sets > 1 && (p->V % (sets * warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
         sets /= 2;
-    if constexpr (FOLD && !ONE_TOKEN && !MIXER)
-        sets = fold_verify_sets<SETS>(sets, p->T, sizeof(S) == 4 && REGS == big_regs<S>(),
-                                      [&](int s) { return p->V % (s * 4 * Geo::ROWS_PER_WARP) == 0 ? ctas(4, s) : 0; });
+    if constexpr (SETS > 1 && !ONE_TOKEN) { /* the staged verify: fold, and the mixer's */
+        const int more = staged_verify_sets<SETS>(sets, T, sizeof(S) == 4 && REGS == big_regs<S>(),
+                                                  [&](int s) { return p->V % (s * 4 * Geo::ROWS_PER_WARP) == 0 ? ctas(4, s) : 0; });
+        if (more > sets ? in_one_wave(kernel, 128, smem_for(4, more * 4 * Geo::ROWS_PER_WARP), ctas(4, more)) : !MIXER)
+            sets = more;
+    }
     /* The staged instances (fold verify, the mixer) keep more warps per CTA on small grids: a CTA
      * prepares every token (one warp a token) and does the row's bookkeeping, fixed costs that
      * one-warp CTAs run serially (B = 1, qwen3-next, T = 4: 1024 one-warp CTAs, each a ~9 us chain of
@@ -693,22 +729,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const int cta_rows = sets * warps * Geo::ROWS_PER_WARP;
     const int tiles_per_head = p->V / cta_rows;
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
-    const int T = ONE_TOKEN ? 1 : p->T;
-    const int capacity = shared_tokens::capacity(FOLD, p->store_tokens, T);
-    const mixer_smem parts(K, cta_rows, MIXER ? p->mixer.conv_width : 0, capacity, T, p->V, sizeof(I),
-                           p->mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, MIXER && p->mixer.norm_weight);
-    /* A fold verify with a tree keeps its coefficients past the mixer's part (or where it would be). */
-    constexpr bool TREE_FORM = FOLD && !ONE_TOKEN;
-    const int keep_heads = kept_heads<KEEP_KEYS>(*p);
-    const auto tree_staging = [](int threads, int rows, int tokens, int capacity_, int keep_heads_, const mixer_smem &parts_) {
-        return sizeof(float) * mixer_smem_floats<Geo, SETS>(threads, K, rows, capacity_, tokens, keep_heads_) +
-               (MIXER ? parts_.end : 0) +
-               sizeof(float) * tree_shared::floats(tokens, rows);
-    };
-    const size_t smem = TREE_FORM && p->parents ? tree_staging(warps * 32, cta_rows, T, capacity, keep_heads, parts)
-                        : SHARED ? staging_bytes<Geo, SETS>(warps * 32, K, cta_rows, capacity, T, keep_heads, MIXER, parts)
-                                                : 0;
-    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED, KEEP_KEYS>;
+    const size_t smem = smem_for(warps, cta_rows);
     if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per device and instance, up to the largest case */
         constexpr int most_tokens = GDN_MAX_TOKENS;
         constexpr int most_capacity = most_tokens + most_tokens; /* shared_tokens::capacity(true, ...) */
