@@ -226,14 +226,28 @@ template <int SETS, typename Ctas> inline int staged_verify_sets(int sets, int T
     return sets;
 }
 /* Whether a grid of `ctas` CTAs of `threads` threads and `smem` bytes of shared memory all run at
- * once on this device (false when the runtime cannot tell). */
-template <typename Kernel> inline bool in_one_wave(Kernel kernel, int threads, size_t smem, int64_t ctas)
+ * once on this device (false when the runtime cannot tell). The occupancy is asked once per
+ * (device, threads, smem) in a row: `memo` (the caller's, one per kernel) keeps the last answer. */
+template <typename Kernel>
+inline bool in_one_wave(Kernel kernel, int threads, size_t smem, int64_t ctas, std::atomic<uint64_t> &memo)
 {
     int device = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
         (void)cudaGetLastError();
         return false;
+    }
+    /* bit 63: valid; 62-55: device; 54-44: threads; 43-16: smem; 15-0: CTAs an SM */
+    const uint64_t key = (1ull << 63) | ((uint64_t)(device & 0xff) << 55) | ((uint64_t)(threads & 0x7ff) << 44) |
+                         ((uint64_t)(smem & 0xfffffff) << 16);
+    const uint64_t known = memo.load(std::memory_order_relaxed);
+    if ((known & ~0xffffull) == key) {
+        per_sm = (int)(known & 0xffff);
+    } else {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        memo.store(key | (uint64_t)(per_sm & 0xffff), std::memory_order_relaxed);
     }
     return (int64_t)per_sm * sms >= ctas;
 }
@@ -714,7 +728,9 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     if constexpr (SETS > 1 && !ONE_TOKEN) { /* the staged verify: fold, and the mixer's */
         const int more = staged_verify_sets<SETS>(sets, T, sizeof(S) == 4 && REGS == big_regs<S>(),
                                                   [&](int s) { return p->V % (s * 4 * Geo::ROWS_PER_WARP) == 0 ? ctas(4, s) : 0; });
-        if (more > sets ? in_one_wave(kernel, 128, smem_for(4, more * 4 * Geo::ROWS_PER_WARP), ctas(4, more)) : !MIXER)
+        static std::atomic<uint64_t> occupancy_memo{0};
+        if (more > sets ? in_one_wave(kernel, 128, smem_for(4, more * 4 * Geo::ROWS_PER_WARP), ctas(4, more), occupancy_memo)
+                        : !MIXER)
             sets = more;
     }
     /* The staged instances (fold verify, the mixer) keep more warps per CTA on small grids: a CTA
