@@ -30,7 +30,8 @@
  *     log2(32). A fold CTA runs up to four row sets of the head one after the other,
  *     the next set's state streaming into shared memory (cp.async) during the current set's token
  *     loop, so the transfers overlap the compute within a CTA and the tokens are prepared once for
- *     all sets. (The chunked form on tensor cores was measured slower: its per-CTA preparation is a
+ *     all sets. On the smallest grids (folds_early) the first set's folds run before the wait for the
+ *     preceding kernel, since they read only slot r's own data. (The chunked form on tensor cores was measured slower: its per-CTA preparation is a
  *     long latency chain; bench/results/2026-11-22-h100-chunked-replay.md.)
  *
  * Launch geometry: blockIdx.y = batch row i, blockIdx.x = value head h * tiles_per_head + row tile.
@@ -42,10 +43,13 @@
  * output storage O (bf16, float), REGS (state values a thread holds), ONE_TOKEN, FOLD (the fold
  * verify strategy: the slot's pending tokens are folded first, without outputs), MIXER (the whole
  * mixer step, SPEC 6: gdn_cuda_mixer.cuh; its conv and norm each switch on at run time), RING (the
- * ring's write-through decode), STAGED (tokens prepared in shared memory: see staged_by_default).
- * V, T, HK, HV and the cache flag are runtime values. With FOLD or MIXER false their branches are
+ * ring's write-through decode), STAGED (tokens prepared in shared memory: see staged_by_default),
+ * KEEP_KEYS (the fold verify on small grids: keeps_keys_on) and EARLY_FOLD (its twin that folds
+ * before the wait: folds_early). V, T, HK, HV and the cache flag are runtime values. With FOLD or MIXER false their branches are
  * compile-time constants.
  */
+#include <type_traits>
+
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
 #include "gdn_cuda_fold.cuh"
@@ -184,6 +188,22 @@ inline bool keeps_keys_on(const gdn__layer_params *p)
 }
 template <bool KEEP_KEYS> __host__ __device__ int kept_heads(const gdn__layer_params &p) { return KEEP_KEYS ? p.HV / p.HK : 0; }
 
+/* The kept-keys fold verify folds the slot's pending tokens before it waits for the preceding kernel
+ * (the kernel's EARLY_FOLD instance): off the chain from that kernel's end to this one's, but on the
+ * chain of launches (a kernel's dependents launch once all of its CTAs have passed the wait). Taken
+ * where it measured faster on the H100 (bench/results/2026-11-26-h100-fold-early.md): from four to
+ * eight tokens on grids of up to GDN__EARLY_FOLD_TOKEN_ROW_HEADS row-heads times tokens, and with
+ * two tokens at GDN__EARLY_FOLD_TWO_TOKEN_ROW_HEADS row-heads; with two or three tokens on smaller
+ * grids it was slower (the launch chain then sets the step), and level or slower on larger ones. */
+#define GDN__EARLY_FOLD_TOKEN_ROW_HEADS 512
+#define GDN__EARLY_FOLD_TWO_TOKEN_ROW_HEADS 128
+inline bool folds_early(const gdn__layer_params *p)
+{
+    const int64_t row_heads = (int64_t)p->B * p->HV;
+    if (p->T == 2) return row_heads == GDN__EARLY_FOLD_TWO_TOKEN_ROW_HEADS;
+    return p->T >= 4 && p->T <= 8 && row_heads * p->T <= GDN__EARLY_FOLD_TOKEN_ROW_HEADS;
+}
+
 /* Warps a CTA may have. A decode (every strategy) on a grid of fewer than GDN__SMALL_GRID_CTAS
  * four-warp CTAs: up to 8, in as few CTAs as still cover the SMs twice (GDN__DECODE_GRID_CTAS). A
  * dependent chain of kernels pays per CTA at every launch and completion, so 256 eight-warp CTAs
@@ -253,7 +273,7 @@ inline bool in_one_wave(Kernel kernel, int threads, size_t smem, int64_t ctas, s
 }
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING, bool STAGED,
-          bool KEEP_KEYS>
+          bool KEEP_KEYS, bool EARLY_FOLD>
 __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                                   (resident_ctas<S, REGS, ONE_TOKEN, STAGED>())) layer_step_kernel(const gdn__layer_params p)
 {
@@ -261,6 +281,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     static_assert(STAGED == staged_by_default<ONE_TOKEN, FOLD, MIXER>() || (FOLD && ONE_TOKEN && !MIXER),
                   "only the fold decode chooses its staging");
     static_assert(!KEEP_KEYS || (FOLD && STAGED && !ONE_TOKEN && !MIXER), "only the fold verify keeps its keys");
+    static_assert(!EARLY_FOLD || KEEP_KEYS, "only the kept-keys instance folds before the wait");
     constexpr bool SHARED = STAGED;
     constexpr bool DIRECT_FOLD = FOLD && !SHARED; /* a fold decode that reads its stored tokens directly */
     constexpr int SETS = row_sets<SHARED>();
@@ -384,6 +405,32 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int ring_records = RING ? min(max(p.ring_count[r], 0), p.ring_capacity) : 0;
     load_rows<K, S, Geo>(src, st, row0, glane);
     if (conv && !window_async) stage_window<I>(p, mc, raw, r); /* plain loads, behind the state's */
+    /* EARLY_FOLD (folds_early): the folds depend only on slot r (its state, stored tokens and
+     * pending[r]; gdn_op.h: the preceding kernel writes none of them), so they run before the wait,
+     * while the preceding kernel still runs, and leave the chain from its end to this kernel's; the
+     * folded state is stored after the wait (nothing is written before it). Token j is prepared by
+     * the warp that staged it (its copies are all it waits for), its gates by thread j. */
+    int early_folds = 0;
+    float early_decay = 1.0f; /* the first set's decay after them */
+    if constexpr (EARLY_FOLD) {
+        early_folds = max(0, min(p.pending[r], p.store_tokens));
+        gdn__copy_async_commit();
+        gdn__copy_async_wait_all();
+        if ((int)threadIdx.x < early_folds) {
+            const I *ap = static_cast<const I *>(p.token_store) + (r * p.store_tokens + threadIdx.x) * token_elems +
+                          gdn__token_gates_offset(HK, HV, K, V) + h;
+            token_gate(gdn__to_f32(ap[0]), gdn__to_f32(ap[HV]), A, dt_bias, s.gate[threadIdx.x], s.beta[threadIdx.x]);
+        }
+        __syncwarp();
+        for (int j = warp; j < early_folds; j += warps) prepare_token<K, I, false>(p, s, j, 0, cta_rows, lane);
+        __syncthreads();
+        float unused[RT];
+        for (int j = 0; j < early_folds; j++) {
+            token_values<Geo> tv;
+            tv.template load_shared<false>(s, j, 0, K, cta_rows, local_row0, glane);
+            apply_token<Geo, false, DECAY_OUTSIDE>(st, early_decay, tv, unused);
+        }
+    }
     if constexpr (STATE_BEFORE_WAIT) {
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
@@ -391,7 +438,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     if (RING && ring_records > 0) /* uniform over the CTA */
         apply_ring_records<K, I, Geo>(p, st, r, h, kh, ring_records, row0, glane, A, dt_bias);
 
-    float a_raw = 0.0f, b_raw = 0.0f; /* token threadIdx.x's gate inputs */
+    /* Token threadIdx.x's gate inputs; EARLY_FOLD holds them as read, so that no conversion waits for
+     * the reads before the kept gates' stores below (the other instances measured slower with it). */
+    using GateInput = std::conditional_t<EARLY_FOLD, I, float>;
+    GateInput a_in = GateInput(0.0f), b_in = a_in;
     if constexpr (SHARED) {
         /* Token j is staged and prepared (below) by warp j % warps: the same warp, so that its own
          * copies are all the preparation waits for. */
@@ -409,14 +459,28 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         }
         if (norm) stage_z<I>(p, i, h, T, z_sh);
         gdn__copy_async_commit(); /* the tokens: one group, before the next set's state */
-        if constexpr (KEEP_KEYS) /* the fold verify: a and b of the key head's value heads, for the token store */
+        /* KEEP_KEYS (the fold verify): a and b of the key head's value heads, for the token store.
+         * EARLY_FOLD reads them into registers here and stores them after the gates' reads are issued
+         * (one round trip for all); the other instance measured slower so and copies them here. */
+        if constexpr (KEEP_KEYS && !EARLY_FOLD)
             for (int e = threadIdx.x; e < keep_heads * T; e += blockDim.x) {
                 const int head = kh * keep_heads + e / T, t = e % T;
                 I *gates = static_cast<I *>(s.raw_gates);
                 gates[e] = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, head)];
                 gates[keep_heads * T + e] = static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, head)];
             }
-        if ((int)threadIdx.x < tokens) {
+        constexpr int KEPT_READS = EARLY_FOLD ? GDN__KEPT_HEADS_MAX * GDN_MAX_TOKENS / 32 : 0;
+        I kept_a[KEPT_READS > 0 ? KEPT_READS : 1], kept_b[KEPT_READS > 0 ? KEPT_READS : 1];
+        if constexpr (EARLY_FOLD)
+#pragma unroll
+            for (int u = 0; u < KEPT_READS; u++) {
+                const int e = threadIdx.x + u * blockDim.x;
+                if (e >= keep_heads * T) break;
+                const int head = kh * keep_heads + e / T, t = e % T;
+                kept_a[u] = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, head)];
+                kept_b[u] = static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, head)];
+            }
+        if ((int)threadIdx.x < tokens && (!EARLY_FOLD || (int)threadIdx.x >= own0)) {
             const int j = threadIdx.x;
             const I *ap, *bp;
             if (FOLD && j < own0) {
@@ -427,9 +491,18 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 ap = static_cast<const I *>(p.a) + gdn__at(p.a_strides, i, j - own0, h);
                 bp = static_cast<const I *>(p.b) + gdn__at(p.b_strides, i, j - own0, h);
             }
-            a_raw = gdn__to_f32(*ap);
-            b_raw = gdn__to_f32(*bp);
+            a_in = static_cast<GateInput>(*ap);
+            b_in = static_cast<GateInput>(*bp);
         }
+        if constexpr (EARLY_FOLD)
+#pragma unroll
+            for (int u = 0; u < KEPT_READS; u++) {
+                const int e = threadIdx.x + u * blockDim.x;
+                if (e >= keep_heads * T) break;
+                I *gates = static_cast<I *>(s.raw_gates);
+                gates[e] = kept_a[u];
+                gates[keep_heads * T + e] = kept_b[u];
+            }
     }
 
     uint4 *staged = reinterpret_cast<uint4 *>(smem); /* [RT * NV][threads]: conflict-free */
@@ -445,7 +518,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     };
     if (SETS > 1 && sets > 1) stage_set(1, 0);
 
-    const int folds = FOLD ? max(0, min(p.pending[r], p.store_tokens)) : 0;
+    const int folds = EARLY_FOLD ? early_folds : FOLD ? max(0, min(p.pending[r], p.store_tokens)) : 0;
     /* The direct fold decode's own token: its reads in flight with pending[r]'s, held raw across the
      * folds (which come first in the state but seldom exist). */
     typename token_values<Geo>::template raw_inputs<I> own_raw;
@@ -456,9 +529,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const bool window_moves = conv && (FOLD || !p.cache);
     const int window_length = window_rows + folds + (verifying() ? 0 : T);
     if constexpr (SHARED) {
-        if ((int)threadIdx.x < tokens) token_gate(a_raw, b_raw, A, dt_bias, s.gate[threadIdx.x], s.beta[threadIdx.x]);
+        if ((int)threadIdx.x < tokens && (!EARLY_FOLD || (int)threadIdx.x >= own0))
+            token_gate(gdn__to_f32(a_in), gdn__to_f32(b_in), A, dt_bias, s.gate[threadIdx.x], s.beta[threadIdx.x]);
         if (tree_form && (int)threadIdx.x >= own0 && (int)threadIdx.x < tokens)
-            ts.logd[threadIdx.x - own0] = token_log_decay(a_raw, A, dt_bias);
+            ts.logd[threadIdx.x - own0] = token_log_decay(gdn__to_f32(a_in), A, dt_bias);
         if (SETS > 1 && sets > 1) gdn__copy_async_wait_group<1>(); /* the tokens; the next set's state may go on */
         else gdn__copy_async_wait_all();
         if (conv) {
@@ -481,7 +555,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             __syncwarp();
             for (int j = warp; j < tokens; j += warps) {
                 if (!FOLD || j >= own0) prepare_token<K, I, true>(p, s, j, j - own0, cta_rows, lane);
-                else if (j < folds) prepare_token<K, I, false>(p, s, j, 0, cta_rows, lane); /* (the rest: staged, unused) */
+                else if (!EARLY_FOLD && j < folds) prepare_token<K, I, false>(p, s, j, 0, cta_rows, lane); /* (the rest: staged, unused) */
             }
         }
         __syncthreads();
@@ -540,9 +614,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 }
             if (set + 1 < sets) stage_set(set + 1, gdn__zero_after(read));
         }
-        float o[RT], decay = 1.0f;
+        float o[RT], decay = EARLY_FOLD && set == 0 ? early_decay : 1.0f;
         if constexpr (FOLD) {
-            for (int j = 0; j < folds; j++) {
+            for (int j = EARLY_FOLD && set == 0 ? folds : 0; j < folds; j++) {
                 token_values<Geo> tv;
                 if constexpr (SHARED) tv.template load_shared<false>(s, j, 0, K, cta_rows, set_local_row0, glane);
                 else tv.template load_stored<K, I>(p, r, j, kh, h, set_row0, glane, A, dt_bias);
@@ -697,7 +771,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
 /* ---------------------------------------------------------------------------------------------- */
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING,
-          bool STAGED = staged_by_default<ONE_TOKEN, FOLD, MIXER>(), bool KEEP_KEYS = false>
+          bool STAGED = staged_by_default<ONE_TOKEN, FOLD, MIXER>(), bool KEEP_KEYS = false, bool EARLY_FOLD = false>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
     constexpr bool SHARED = STAGED;
@@ -721,7 +795,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
                : SHARED                ? staging_bytes<Geo, SETS>(warps_ * 32, K, cta_rows_, capacity, T, keep_heads, MIXER, parts)
                                        : 0;
     };
-    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED, KEEP_KEYS>;
+    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED, KEEP_KEYS, EARLY_FOLD>;
     int warps = 4, sets = SETS; /* fewer sets, then fewer warps, until small grids reach every SM */
     while (sets > 1 && (p->V % (sets * warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
         sets /= 2;
@@ -780,7 +854,9 @@ static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
     case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     default:
         if constexpr (FOLD && !ONE_TOKEN && !MIXER)
-            if (keeps_keys_on(p)) return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, false, true, false, false, true, true>(p, stream);
+            if (keeps_keys_on(p))
+                return folds_early(p) ? launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, false, true, false, false, true, true, true>(p, stream)
+                                      : launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, false, true, false, false, true, true>(p, stream);
         return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     }
 }
