@@ -30,9 +30,10 @@
  *     log2(32). A fold CTA runs up to four row sets of the head one after the other,
  *     the next set's state streaming into shared memory (cp.async) during the current set's token
  *     loop, so the transfers overlap the compute within a CTA and the tokens are prepared once for
- *     all sets. On the smallest grids (folds_early) the first set's folds run before the wait for the
- *     preceding kernel, since they read only slot r's own data. (The chunked form on tensor cores was measured slower: its per-CTA preparation is a
- *     long latency chain; bench/results/2026-11-22-h100-chunked-replay.md.)
+ *     all sets. On the smallest grids (folds_early) the first set's folds run before the wait for
+ *     the preceding kernel, since they read only slot r's own data. (The chunked form on tensor
+ *     cores was measured slower: its per-CTA preparation is a long latency chain;
+ *     bench/results/2026-11-22-h100-chunked-replay.md.)
  *
  * Launch geometry: blockIdx.y = batch row i, blockIdx.x = value head h * tiles_per_head + row tile.
  * A CTA has `warps` warps (1, 2, 4 or 8, chosen at launch so that small batches still spread over
@@ -45,8 +46,8 @@
  * mixer step, SPEC 6: gdn_cuda_mixer.cuh; its conv and norm each switch on at run time), RING (the
  * ring's write-through decode), STAGED (tokens prepared in shared memory: see staged_by_default),
  * KEEP_KEYS (the fold verify on small grids: keeps_keys_on) and EARLY_FOLD (its twin that folds
- * before the wait: folds_early). V, T, HK, HV and the cache flag are runtime values. With FOLD or MIXER false their branches are
- * compile-time constants.
+ * before the wait: folds_early). V, T, HK, HV and the cache flag are runtime values. With FOLD or
+ * MIXER false their branches are compile-time constants.
  */
 #include <type_traits>
 
