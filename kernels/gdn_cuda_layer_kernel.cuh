@@ -355,9 +355,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     char *mixer_base = reinterpret_cast<char *>(
         smem + mixer_smem_floats<Geo, SETS>(blockDim.x, K, cta_rows, shared_tokens::capacity(FOLD, p.store_tokens, T), T,
                                             keep_heads));
-    /* Fold with a tree that is not a chain: the tree form (gdn_cuda_tree.cuh), its coefficients where
-     * the mixer's part would be. */
-    const bool tree_form = verifying() && !row_is_chain(p.parents, i, T, plan.n);
+    /* Fold with a tree that is not a chain (a one-token step's never is): the tree form
+     * (gdn_cuda_tree.cuh), its coefficients where the mixer's part would be. */
+    const bool tree_form = !ONE_TOKEN && verifying() && !row_is_chain(p.parents, i, T, plan.n);
     const tree_shared ts(reinterpret_cast<float *>(mixer_base + (MIXER ? parts.end : 0)), T, cta_rows);
     I *raw = reinterpret_cast<I *>(mixer_base + parts.raw);
     I *z_sh = reinterpret_cast<I *>(mixer_base + parts.z);

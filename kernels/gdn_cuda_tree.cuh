@@ -23,7 +23,7 @@ struct tree_shared {
     float *c0;     /* [T] exp(P_parent): the coefficient of B k^_t and B q^_t */
     float *ck;     /* [T][T] coefficient of u_j in S_p k^_t (read for ancestors j of t only) */
     float *cq;     /* [T][T] the same in S_p q^_t */
-    float *logd;   /* [T] each own token's log decay, then its P */
+    float *logd;   /* [T] each own token's log decay */
     uint32_t *ancestors; /* [T] bit j: token j is an ancestor of token t */
 
     static __host__ __device__ size_t floats(int T, int rows)
@@ -50,34 +50,61 @@ __device__ __forceinline__ bool row_is_chain(const int32_t *parents, int64_t i, 
     return true;
 }
 
+/* Lanes that share one pair of tokens' dot products in the coefficient pass (a short reduction). */
+#define GDN__PAIR_LANES 8
+
 /* The coefficients above from the prepared own tokens (own token t: k^ at s.khat row own0 + t, q^
- * at s.qhat row t) and ts.logd (each token's log decay, written before the barrier that precedes
- * this call). The whole CTA calls it; it ends with a barrier. */
+ * at s.qhat row t) and ts.logd (each own token's log decay, written before the barrier that precedes
+ * this call). Each own token's path (thread t) and each pair j < t with j on t's path (a group of
+ * GDN__PAIR_LANES lanes) are independent, so the pass has no serial part. The whole CTA calls it; it
+ * ends with a barrier. */
 template <int K>
 __device__ void tree_coefficients(const tree_shared &ts, const shared_tokens &s, const int32_t *row_parents, uint32_t live,
                                   int T, int own0, int lane, int warp, int warps)
 {
-    if (threadIdx.x == 0) /* parents precede children: one pass in token order */
-        for (int t = 0; t < T; t++) {
-            const bool is_live = (live >> t) & 1u;
-            const int p = is_live ? row_parents[t] : -1;
-            ts.ancestors[t] = !is_live || p < 0 ? 0u : ts.ancestors[p] | (1u << p);
-            ts.c0[t] = !is_live ? 0.0f : p < 0 ? 1.0f : expf(ts.logd[p]);
-            ts.logd[t] = (p < 0 ? 0.0f : ts.logd[p]) + ts.logd[t];
+    if ((int)threadIdx.x < T) {
+        const int t = threadIdx.x;
+        const bool is_live = (live >> t) & 1u;
+        uint32_t ancestors = 0;
+        float path = 0.0f; /* P of t's parent */
+        if (is_live)
+            for (int a = row_parents[t]; a >= 0; a = row_parents[a]) { /* parents precede children: live, checked */
+                ancestors |= 1u << a;
+                path += ts.logd[a];
+            }
+        ts.ancestors[t] = ancestors;
+        ts.c0[t] = is_live ? expf(path) : 0.0f;
+    }
+    constexpr int PL = GDN__PAIR_LANES, GROUPS = 32 / PL;
+    const int pairs = T * (T - 1) / 2, pl = lane % PL;
+    for (int m0 = warp * GROUPS; m0 < pairs; m0 += warps * GROUPS) {
+        const int m = min(m0 + lane / PL, pairs - 1); /* pair m = (t, j): t (t - 1) / 2 + j, j < t */
+        int t = 1;
+        while ((t + 1) * t / 2 <= m) t++;
+        const int j = m - t * (t - 1) / 2;
+        bool on_path = m0 + lane / PL < pairs && ((live >> t) & 1u);
+        float log_factor = 0.0f; /* P_p - P_j: the log decays after j up to the parent */
+        if (on_path) {
+            int a = row_parents[t];
+            for (; a > j; a = row_parents[a]) log_factor += ts.logd[a];
+            on_path = a == j;
         }
-    __syncthreads();
-    for (int item = warp; item < T * T; item += warps) {
-        const int t = item / T, j = item % T;
-        if (!((ts.ancestors[t] >> j) & 1u)) { /* uniform over the warp */
-            if (lane == 0) ts.ck[item] = 0.0f, ts.cq[item] = 0.0f;
-            continue;
+        if (!__any_sync(0xffffffffu, on_path)) continue; /* uniform over the warp: the sums below shuffle */
+        const float *kj = s.khat + (size_t)(own0 + j) * K, *kt = s.khat + (size_t)(own0 + t) * K, *qt = s.qhat + (size_t)t * K;
+        float dk = 0.0f, dq = 0.0f;
+#pragma unroll 1 /* few registers: the state rows are already held */
+        for (int e = 0; e < K / (4 * PL); e++) {
+            const int at = (e * PL + pl) * 4;
+            const float4 x = *reinterpret_cast<const float4 *>(kj + at), y = *reinterpret_cast<const float4 *>(kt + at),
+                         z = *reinterpret_cast<const float4 *>(qt + at);
+            dk = fmaf(x.x, y.x, fmaf(x.y, y.y, fmaf(x.z, y.z, fmaf(x.w, y.w, dk))));
+            dq = fmaf(x.x, z.x, fmaf(x.y, z.y, fmaf(x.z, z.z, fmaf(x.w, z.w, dq))));
         }
-        const float *kj = s.khat + (size_t)(own0 + j) * K;
-        const float dk = warp_dot<K>(kj, s.khat + (size_t)(own0 + t) * K, lane);
-        const float dq = warp_dot<K>(kj, s.qhat + (size_t)t * K, lane);
-        if (lane == 0) {
-            const float f = expf(ts.logd[row_parents[t]] - ts.logd[j]);
-            ts.ck[item] = f * dk, ts.cq[item] = f * dq;
+        dk = group_sum<PL>(dk);
+        dq = group_sum<PL>(dq);
+        if (on_path && pl == 0) {
+            const float f = expf(log_factor);
+            ts.ck[t * T + j] = f * dk, ts.cq[t * T + j] = f * dq;
         }
     }
     __syncthreads();
