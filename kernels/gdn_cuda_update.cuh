@@ -44,41 +44,45 @@ __device__ __forceinline__ void row_products(const float (&st)[Geo::RT][Geo::NV]
 /* One token applied to the thread's rows: dk = S.k^ (and dq = S.q^ when OUTPUT) over each row, one
  * lane-group reduction each, then u = beta (v - g dk), o = g dq + u k^.q^, S = g S + u k^. With
  * DECAY_OUTSIDE (state = decay * st, G = decay * g) the same reads u = beta (v - G dk'),
- * o = G dq' + u k^.q^, st += (u / G) k^, decay = G, where dk', dq' are the products with st. */
+ * o = G dq' + u k^.q^, st += (u / G) k^, decay = G, where dk', dq' are the products with st. The
+ * products come first: they need only the rows and k^ (and q^), not the gate, whose shared-memory
+ * read would otherwise hold them back. */
 template <typename Geo, bool OUTPUT, bool DECAY_OUTSIDE>
 __device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::EV], float &decay,
                                             const token_values<Geo> &tv, float (&o)[Geo::RT])
 {
     constexpr int EV = Geo::EV, NV = Geo::NV, RT = Geo::RT;
-    float G = tv.g;
+    float dk[RT], dq[RT];
+    row_products<Geo, OUTPUT>(st, tv, dk, dq);
+    float G = DECAY_OUTSIDE ? decay * tv.g : tv.g, u[RT];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) {
+        u[rt] = tv.beta * (tv.v[rt] - G * dk[rt]);
+        if (OUTPUT) o[rt] = G * dq[rt] + u[rt] * tv.kq;
+    }
     if constexpr (DECAY_OUTSIDE) {
-        G = decay * tv.g;
         if (G < GDN__DECAY_FOLD_BELOW) { /* uniform over the CTA */
             scale_rows<Geo>(st, G);
             G = 1.0f;
         }
-    }
-    float dk[RT], dq[RT];
-    row_products<Geo, OUTPUT>(st, tv, dk, dq);
-    const float inverse = DECAY_OUTSIDE ? __fdividef(1.0f, G) : 0.0f; /* G >= 2^-8: no range issue */
+        const float inverse = __fdividef(1.0f, G); /* G >= 2^-8: no range issue */
 #pragma unroll
-    for (int rt = 0; rt < RT; rt++) {
-        const float u = tv.beta * (tv.v[rt] - G * dk[rt]);
-        if (OUTPUT) o[rt] = G * dq[rt] + u * tv.kq;
-        if constexpr (DECAY_OUTSIDE) {
-            const float step = u * inverse;
+        for (int rt = 0; rt < RT; rt++) {
+            const float step = u[rt] * inverse;
 #pragma unroll
             for (int n = 0; n < NV; n++)
 #pragma unroll
                 for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(step, tv.k[n][e], st[rt][n][e]);
-        } else {
+        }
+        decay = G;
+    } else {
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
 #pragma unroll
             for (int n = 0; n < NV; n++)
 #pragma unroll
-                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(G, st[rt][n][e], u * tv.k[n][e]);
-        }
+                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(G, st[rt][n][e], u[rt] * tv.k[n][e]);
     }
-    if constexpr (DECAY_OUTSIDE) decay = G;
 }
 
 #endif /* GDN_CUDA_UPDATE_CUH */
