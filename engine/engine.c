@@ -67,7 +67,7 @@ struct gdn_engine {
     void *last_stream;       /* the stream of the engine's last enqueued work (synchronous calls order after it) */
     int enqueued_any;        /* last_stream is set */
     int after_fetch;         /* the engine's last enqueue or record was the rows' fetch: the next layer
-                              * kernel reads the rows it wrote, so it must not start before it ends */
+                              * kernel reads the rows it wrote, so it waits for it before any read */
 
     /* Step graphs (backends with graph support, graph_mode != OFF). */
     gdn__graph_cache graphs;
@@ -895,12 +895,15 @@ static void set_variant_arrays(const gdn_engine *e, gdn_op_layer *op, int32_t bu
 }
 
 /* A step of `bucket` rows and `tokens` tokens of one layer, on the engine's rows and tensors, to be
- * enqueued or recorded next: it overlaps the kernel before it unless that is the rows' fetch. */
+ * enqueued or recorded next: it overlaps the kernel before it (with launch_overlap). */
 static gdn__layer_params layer_params(gdn_engine *e, int32_t layer, gdn_step_kind kind, int32_t tokens, int32_t bucket,
                                       int32_t variant)
 {
     gdn_op_layer op = layer_op(e, layer);
-    op.overlap_preceding = e->config.launch_overlap && !e->after_fetch;
+    /* The layer after the fetch overlaps it too, reading its rows after the wait (the layer
+     * kernels can; the ring's kernels read theirs before it). */
+    const int rows_from_preceding = e->after_fetch && !ring(e);
+    op.overlap_preceding = e->config.launch_overlap && (!e->after_fetch || rows_from_preceding);
     e->after_fetch = 0;
     const gdn_layer_views *v = &e->views[layer];
     op.kind = kind;
@@ -910,7 +913,9 @@ static gdn__layer_params layer_params(gdn_engine *e, int32_t layer, gdn_step_kin
     set_variant_arrays(e, &op, bucket, variant);
     op.q = v->q, op.k = v->k, op.v = v->v, op.a = v->a, op.b = v->b, op.o = v->o;
     op.x = v->x, op.z = v->z; /* the mixer's (read only with its parts) */
-    return gdn__op_step_params(&op, &e->stack.layout);
+    gdn__layer_params p = gdn__op_step_params(&op, &e->stack.layout);
+    p.rows_from_preceding = rows_from_preceding && op.overlap_preceding;
+    return p;
 }
 
 /* The commit of a verify step of `bucket` rows and `tokens` tokens, every layer in one launch. A

@@ -83,9 +83,14 @@ inline cudaError_t gdn__opt_in_shared(Kernel kernel, int bytes, std::atomic<bool
  * overlap_preceding may start while the kernel before it on the stream is still running, as soon as
  * every CTA of that kernel has called gdn__allow_dependents() (or exited). Until it returns from
  * gdn__wait_preceding() it may read only memory that the preceding kernel does not write (slot rows,
- * the state of its own layer), and it writes nothing. Every kernel of ours calls
- * gdn__allow_dependents() only after its own wait, so when a kernel starts early, every kernel before
- * the one preceding it has completed. Launched without the attribute, a kernel skips the wait. */
+ * the state of its own layer), and it writes nothing. Our kernels call gdn__allow_dependents() after
+ * their own wait, except the layer kernel's small-grid decodes (allow_dependents_first), which call
+ * it first thing: a kernel that starts early may then find the kernel before its predecessor still
+ * running, which writes nothing it reads before its wait. The rows are written only by the fetch,
+ * and the kernel after the fetch waits for it before any read and before it allows dependents
+ * (rows_from_preceding); a layer's pool, counts and stored tokens are written only by that layer's
+ * kernels and the commit, which end after their own wait, so after every kernel before them.
+ * Launched without the attribute, a kernel skips the wait. */
 __device__ __forceinline__ void gdn__wait_preceding()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

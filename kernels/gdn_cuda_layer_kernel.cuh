@@ -189,6 +189,19 @@ inline bool keeps_keys_on(const gdn__layer_params *p)
 }
 template <bool KEEP_KEYS> __host__ __device__ int kept_heads(const gdn__layer_params &p) { return KEEP_KEYS ? p.HV / p.HK : 0; }
 
+/* The decodes that read their inputs straight from memory (the cache strategy's, the ring's
+ * write-through, fold's direct decode) allow their dependents to launch first thing on grids of up to
+ * GDN__ALLOW_FIRST_ROW_HEADS row-heads, where it measured faster (bench/results/
+ * 2026-11-26-h100-dependents-first.md): the next kernel's launch and its state loads leave the
+ * chain from this kernel's wait to its end. Not after the rows' fetch (rows_from_preceding): the
+ * kernel after it reads the rows before its wait. */
+#define GDN__ALLOW_FIRST_ROW_HEADS 256
+template <bool ONE_TOKEN, bool SHARED> inline bool allows_dependents_first(const gdn__layer_params &p)
+{
+    return ONE_TOKEN && !SHARED && p.overlap_preceding && !p.rows_from_preceding &&
+           (int64_t)p.B * p.HV <= GDN__ALLOW_FIRST_ROW_HEADS;
+}
+
 /* The kept-keys fold verify folds the slot's pending tokens before it waits for the preceding kernel
  * (the kernel's EARLY_FOLD instance): off the chain from that kernel's end to this one's, but on the
  * chain of launches (a kernel's dependents launch once all of its CTAs have passed the wait). Taken
@@ -308,6 +321,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int local_row0 = warp * Geo::ROWS_PER_WARP + group; /* row of rt = 0 within the first set */
     const int row0 = tile_row0 + local_row0;
 
+    if constexpr (ONE_TOKEN && REGS != big_regs<S>()) { /* (the launcher sets neither for the others) */
+        if (p.rows_from_preceding) gdn__wait_preceding();
+        else if (p.allow_dependents_first) gdn__allow_dependents();
+    }
     const int64_t r = p.read_slots[i];
     const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
     const bool out_of_range = gdn__row_slots_invalid(r, w, p.num_slots);
@@ -836,7 +853,11 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         }
         GDN__CUDA_TRY(gdn__opt_in_shared(kernel, (int)largest, opted_in));
     }
-    GDN__CUDA_TRY(gdn__launch(kernel, grid, dim3(warps * 32), smem, stream, p->overlap_preceding != 0, *p));
+    gdn__layer_params q = *p;
+    constexpr bool SMALL_DECODE = ONE_TOKEN && REGS != big_regs<S>(); /* (not on big grids: measured slower) */
+    if (!SMALL_DECODE && q.rows_from_preceding) q.rows_from_preceding = q.overlap_preceding = 0;
+    q.allow_dependents_first = SMALL_DECODE && allows_dependents_first<ONE_TOKEN, SHARED>(q);
+    GDN__CUDA_TRY(gdn__launch(kernel, grid, dim3(warps * 32), smem, stream, q.overlap_preceding != 0, q));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
 }

@@ -192,6 +192,14 @@ typedef struct gdn__layer_params {
      * reads its slot rows and its layer's pool, counts and records before the preceding kernel on the
      * stream has finished, so that kernel must write none of them (it may write the inputs). */
     int32_t overlap_preceding;
+    /* With overlap_preceding: the preceding kernel writes the slot rows, counts and parents (the
+     * engine's fetch), so the kernel waits for it before it reads anything. Taken by the decode
+     * instances of small grids; the launcher launches any other in stream order instead (measured
+     * faster so). */
+    int32_t rows_from_preceding;
+    /* Set by the launcher: the kernel allows its dependents to launch first thing, not after its
+     * wait (cuda_common.cuh says what that keeps safe). */
+    int32_t allow_dependents_first;
 
     /* Fold strategy; token_store == NULL selects the cache strategy (or a plain update). */
     void *token_store;         /* [num_slots][store_tokens][token elements] in input_dtype */

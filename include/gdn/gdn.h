@@ -309,6 +309,9 @@ typedef struct gdn_engine_config {
      * once its own reads of earlier kernels' results are done); a kernel that does not is simply
      * waited for, as without the option. The kernel right before a layer must not write that
      * layer's state pool (a caller-owned pool written by the caller's own kernel: turn this off).
+     * A decode layer of few rows allows its own dependents to launch first thing: a caller's kernel
+     * launched after it with the attribute may start while the kernel before the layer still runs,
+     * and sees the layer's results (and that kernel's) once its griddepcontrol.wait returns.
      */
     int32_t launch_overlap;
 
