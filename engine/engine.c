@@ -902,8 +902,8 @@ static gdn__layer_params layer_params(gdn_engine *e, int32_t layer, gdn_step_kin
     gdn_op_layer op = layer_op(e, layer);
     /* The layer after the fetch overlaps it too, reading its rows after the wait (the layer
      * kernels can; the ring's kernels read theirs before it). */
-    const int rows_from_preceding = e->after_fetch && !ring(e);
-    op.overlap_preceding = e->config.launch_overlap && (!e->after_fetch || rows_from_preceding);
+    const int after_fetch = e->after_fetch;
+    op.overlap_preceding = e->config.launch_overlap && !(after_fetch && ring(e));
     e->after_fetch = 0;
     const gdn_layer_views *v = &e->views[layer];
     op.kind = kind;
@@ -914,7 +914,7 @@ static gdn__layer_params layer_params(gdn_engine *e, int32_t layer, gdn_step_kin
     op.q = v->q, op.k = v->k, op.v = v->v, op.a = v->a, op.b = v->b, op.o = v->o;
     op.x = v->x, op.z = v->z; /* the mixer's (read only with its parts) */
     gdn__layer_params p = gdn__op_step_params(&op, &e->stack.layout);
-    p.rows_from_preceding = rows_from_preceding && op.overlap_preceding;
+    p.rows_from_preceding = after_fetch && op.overlap_preceding;
     return p;
 }
 

@@ -196,11 +196,13 @@ template <bool KEEP_KEYS> __host__ __device__ int kept_heads(const gdn__layer_pa
  * chain from this kernel's wait to its end. Not after the rows' fetch (rows_from_preceding): the
  * kernel after it reads the rows before its wait. */
 #define GDN__ALLOW_FIRST_ROW_HEADS 256
-template <bool ONE_TOKEN, bool SHARED> inline bool allows_dependents_first(const gdn__layer_params &p)
+template <bool SHARED> inline bool allows_dependents_first(const gdn__layer_params &p)
 {
-    return ONE_TOKEN && !SHARED && p.overlap_preceding && !p.rows_from_preceding &&
-           (int64_t)p.B * p.HV <= GDN__ALLOW_FIRST_ROW_HEADS;
+    return !SHARED && p.overlap_preceding && !p.rows_from_preceding && (int64_t)p.B * p.HV <= GDN__ALLOW_FIRST_ROW_HEADS;
 }
+/* The instances that handle rows_from_preceding and allow_dependents_first: the decodes of small and
+ * tiny grids (the big-grid decode measured slower with the code in it). */
+template <typename S, int REGS, bool ONE_TOKEN> constexpr bool small_decode() { return ONE_TOKEN && REGS != big_regs<S>(); }
 
 /* The kept-keys fold verify folds the slot's pending tokens before it waits for the preceding kernel
  * (the kernel's EARLY_FOLD instance): off the chain from that kernel's end to this one's, but on the
@@ -321,7 +323,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int local_row0 = warp * Geo::ROWS_PER_WARP + group; /* row of rt = 0 within the first set */
     const int row0 = tile_row0 + local_row0;
 
-    if constexpr (ONE_TOKEN && REGS != big_regs<S>()) { /* (the launcher sets neither for the others) */
+    if constexpr (small_decode<S, REGS, ONE_TOKEN>()) { /* (the launcher sets neither for the others) */
         if (p.rows_from_preceding) gdn__wait_preceding();
         else if (p.allow_dependents_first) gdn__allow_dependents();
     }
@@ -854,9 +856,9 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         GDN__CUDA_TRY(gdn__opt_in_shared(kernel, (int)largest, opted_in));
     }
     gdn__layer_params q = *p;
-    constexpr bool SMALL_DECODE = ONE_TOKEN && REGS != big_regs<S>(); /* (not on big grids: measured slower) */
+    constexpr bool SMALL_DECODE = small_decode<S, REGS, ONE_TOKEN>();
     if (!SMALL_DECODE && q.rows_from_preceding) q.rows_from_preceding = q.overlap_preceding = 0;
-    q.allow_dependents_first = SMALL_DECODE && allows_dependents_first<ONE_TOKEN, SHARED>(q);
+    q.allow_dependents_first = SMALL_DECODE && allows_dependents_first<SHARED>(q);
     GDN__CUDA_TRY(gdn__launch(kernel, grid, dim3(warps * 32), smem, stream, q.overlap_preceding != 0, q));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
