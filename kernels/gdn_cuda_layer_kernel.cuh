@@ -189,16 +189,16 @@ inline bool keeps_keys_on(const gdn__layer_params *p)
 }
 template <bool KEEP_KEYS> __host__ __device__ int kept_heads(const gdn__layer_params &p) { return KEEP_KEYS ? p.HV / p.HK : 0; }
 
-/* The decodes that read their inputs straight from memory (the cache strategy's, the ring's
- * write-through, fold's direct decode) allow their dependents to launch first thing on grids of up to
+/* The small-grid decodes (the cache strategy's, the ring's write-through, fold's direct decode and
+ * the mixer's) allow their dependents to launch first thing on grids of up to
  * GDN__ALLOW_FIRST_ROW_HEADS row-heads, where it measured faster (bench/results/
- * 2026-11-26-h100-dependents-first.md): the next kernel's launch and its state loads leave the
- * chain from this kernel's wait to its end. Not after the rows' fetch (rows_from_preceding): the
- * kernel after it reads the rows before its wait. */
+ * 2026-11-26-h100-dependents-first.md, 2026-11-27-h100-fetch-and-mixer-first.md): the next kernel's
+ * launch and its state loads leave the chain from this kernel's wait to its end. Not after the rows'
+ * fetch (rows_from_preceding): the kernel after it reads the rows before its wait. */
 #define GDN__ALLOW_FIRST_ROW_HEADS 256
-template <bool SHARED> inline bool allows_dependents_first(const gdn__layer_params &p)
+inline bool allows_dependents_first(const gdn__layer_params &p)
 {
-    return !SHARED && p.overlap_preceding && !p.rows_from_preceding && (int64_t)p.B * p.HV <= GDN__ALLOW_FIRST_ROW_HEADS;
+    return p.overlap_preceding && !p.rows_from_preceding && (int64_t)p.B * p.HV <= GDN__ALLOW_FIRST_ROW_HEADS;
 }
 /* The instances that handle rows_from_preceding and allow_dependents_first: the decodes of small and
  * tiny grids (the big-grid decode measured slower with the code in it). */
@@ -858,7 +858,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     gdn__layer_params q = *p;
     constexpr bool SMALL_DECODE = small_decode<S, REGS, ONE_TOKEN>();
     if (!SMALL_DECODE && q.rows_from_preceding) q.rows_from_preceding = q.overlap_preceding = 0;
-    q.allow_dependents_first = SMALL_DECODE && allows_dependents_first<SHARED>(q);
+    q.allow_dependents_first = SMALL_DECODE && allows_dependents_first(q);
     GDN__CUDA_TRY(gdn__launch(kernel, grid, dim3(warps * 32), smem, stream, q.overlap_preceding != 0, q));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
