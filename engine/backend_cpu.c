@@ -44,8 +44,10 @@ static gdn_status cpu_copy(void *ctx, void *dst, const void *src, size_t bytes, 
     return GDN_OK;
 }
 
-static gdn_status cpu_stage_rows(void *ctx, const int32_t *rows, int32_t count, const int32_t *clears, int32_t n_clears)
+static gdn_status cpu_stage_rows(void *ctx, const int32_t *rows, int32_t count, const int32_t *clears, int32_t n_clears,
+                                 int carry)
 {
+    (void)carry;
     cpu_backend *cpu = ctx;
     if (count < 0 || n_clears < 0 || (int64_t)count + n_clears > cpu->staging_capacity) return GDN_EINVAL;
     memcpy(cpu->staged, rows, sizeof(int32_t) * (size_t)count);
@@ -56,10 +58,11 @@ static gdn_status cpu_stage_rows(void *ctx, const int32_t *rows, int32_t count, 
 }
 
 static gdn_status cpu_fetch_rows(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t counts_layer_stride,
-                                 int overlap, void *stream)
+                                 int overlap, int carry, void *stream)
 {
     (void)stream;
     (void)overlap;
+    (void)carry;
     cpu_backend *cpu = ctx;
     memcpy(dst, cpu->staged, sizeof(int32_t) * (size_t)cpu->staged_count);
     if (pending)

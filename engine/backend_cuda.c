@@ -19,6 +19,15 @@
 
 #define ROW_RING_ENTRIES 64
 
+/* The backend's graph handle: the instance, the captured graph it came from, and the fetch node
+ * whose entry each launch sets (NULL: the graph has none, or a caller's fetch that reads the ring). */
+typedef struct cuda_graph {
+    cudaGraphExec_t exec;
+    cudaGraph_t graph;
+    void *fetch_node;
+    gdn__fetch_params fetch;
+} cuda_graph;
+
 typedef struct cuda_backend {
     int device;
     /* Step-row mailbox (kernels/gdn_cuda_fetch.cu): a ring in mapped pinned host memory. */
@@ -27,6 +36,14 @@ typedef struct cuda_backend {
     volatile long long *done;   /* mapped pinned: entries the device has consumed */
     long long *device_seq;      /* device memory: the same count, for the fetch kernel */
     long long host_seq;         /* entries handed to the device (staged and consumed) */
+    /* The staged entry, for launches that carry it (kernels/gdn_cuda_fetch.cu); length 0: it is in the
+     * ring (a caller's graph reads it there, or it is too long to carry). */
+    int32_t staged[GDN__FETCH_INLINE_MAX];
+    int32_t staged_length;
+    int staged_in_ring;
+    /* The fetch recorded in the capture under way, carrying its entry: the graph's launches set it. */
+    gdn__fetch_params captured_fetch;
+    int captured_fetch_inline;
     cudaStream_t capture_stream; /* private: graphs are captured here, replayed on the caller's */
     cudaStream_t own_stream;     /* private: the engine's synchronous calls and zero fills */
     cudaEvent_t order_event;     /* orders own_stream after a caller's stream */
@@ -155,10 +172,21 @@ static gdn_status cuda_copy_here(void *ctx, void *dst, const void *src, size_t b
 GDN__ON_DEVICE(cuda_copy, (void *ctx, void *dst, const void *src, size_t bytes, void *stream),
                (ctx, dst, src, bytes, stream))
 
-static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count, const int32_t *clears, int32_t n_clears)
+static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count, const int32_t *clears, int32_t n_clears,
+                                  int carry)
 {
     cuda_backend *cu = ctx;
     if (count < 0 || n_clears < 0 || (int64_t)count + n_clears + 2 > cu->entry_stride) return GDN_EINVAL;
+    const int32_t length = count + n_clears + 2;
+    cu->staged_in_ring = !carry || length > GDN__FETCH_INLINE_MAX;
+    cu->staged_length = cu->staged_in_ring ? 0 : length;
+    if (!cu->staged_in_ring) { /* the launch carries it: the ring is not involved */
+        cu->staged[0] = count;
+        memcpy(cu->staged + 1, rows, sizeof(int32_t) * (size_t)count);
+        cu->staged[1 + count] = n_clears;
+        if (n_clears) memcpy(cu->staged + 2 + count, clears, sizeof(int32_t) * (size_t)n_clears);
+        return GDN_OK;
+    }
     /* Back-pressure only: the entry is free once the device consumed the step a ring ago. */
     while (cu->host_seq - *cu->done >= ROW_RING_ENTRIES) sched_yield();
     int32_t *entry = cu->ring + (size_t)(cu->host_seq % ROW_RING_ENTRIES) * (size_t)cu->entry_stride;
@@ -170,11 +198,18 @@ static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count,
     return GDN_OK;
 }
 
+/* The staged entry into a fetch's parameters, when it fits. */
+static void carry_staged(const cuda_backend *cu, gdn__fetch_params *p)
+{
+    p->inline_length = cu->staged_length;
+    if (cu->staged_length) memcpy(p->inline_entry, cu->staged, sizeof(int32_t) * (size_t)cu->staged_length);
+}
+
 static gdn_status cuda_fetch_rows_here(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers,
-                                       int64_t counts_layer_stride, int overlap, void *stream)
+                                       int64_t counts_layer_stride, int overlap, int carry, void *stream)
 {
     cuda_backend *cu = ctx;
-    const gdn__fetch_params p = {
+    gdn__fetch_params p = {
         .ring = cu->ring,
         .ring_entries = ROW_RING_ENTRIES,
         .entry_stride = cu->entry_stride,
@@ -186,16 +221,26 @@ static gdn_status cuda_fetch_rows_here(void *ctx, int32_t *dst, int32_t *pending
         .counts_layer_stride = counts_layer_stride,
         .overlap_preceding = overlap != 0,
     };
+    if (carry) carry_staged(cu, &p);
     gdn_status status = gdn__cuda_fetch_rows(&p, stream);
+    if (status == GDN_OK && carry && stream == (void *)cu->capture_stream) {
+        cu->captured_fetch = p;
+        cu->captured_fetch_inline = 1;
+    }
     if (status == GDN_ECUDA) record_launch_failure(cu, "gdn__cuda_fetch_rows");
     return status;
 }
 GDN__ON_DEVICE(cuda_fetch_rows,
                (void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers, int64_t counts_layer_stride, int overlap,
-                void *stream),
-               (ctx, dst, pending, num_layers, counts_layer_stride, overlap, stream))
+                int carry, void *stream),
+               (ctx, dst, pending, num_layers, counts_layer_stride, overlap, carry, stream))
 
-static void cuda_consume_rows(void *ctx) { ((cuda_backend *)ctx)->host_seq++; }
+static void cuda_consume_rows(void *ctx)
+{
+    cuda_backend *cu = ctx;
+    if (cu->staged_in_ring) cu->host_seq++; /* an entry the launch carried took no ring slot */
+    cu->staged_in_ring = 0;
+}
 
 static gdn_status cuda_layer_step_here(void *ctx, const gdn__layer_params *params, void *stream)
 {
@@ -246,6 +291,7 @@ static gdn_status cuda_capture_begin_here(void *ctx, void **capture_stream)
 {
     cuda_backend *cu = ctx;
     GDN__CUDA_TRY(cu, gdn__graph_capture_begin(cu->capture_stream));
+    cu->captured_fetch_inline = 0;
     *capture_stream = cu->capture_stream;
     return GDN_OK;
 }
@@ -255,18 +301,51 @@ static gdn_status cuda_capture_end_here(void *ctx, int keep, void **graph)
 {
     cuda_backend *cu = ctx;
     cudaGraphExec_t exec = NULL;
+    cudaGraph_t captured = NULL;
+    *graph = NULL;
     const int inject = keep && injected_failure(&fail_capture_countdown);
-    cudaError_t err = gdn__graph_capture_end(cu->capture_stream, keep && !inject, &exec);
+    cudaError_t err = gdn__graph_capture_end(cu->capture_stream, keep && !inject, &exec, &captured);
     if (inject && err == cudaSuccess) err = cudaErrorStreamCaptureInvalidated;
-    *graph = exec;
     if (err != cudaSuccess) return record_error(cu, err, "gdn__graph_capture_end", __LINE__);
+    if (!exec) return GDN_OK;
+    cuda_graph *g = gdn__calloc(1, sizeof *g);
+    if (!g) {
+        gdn__graph_destroy(exec, captured);
+        return GDN_ENOMEM;
+    }
+    g->exec = exec;
+    g->graph = captured;
+    if (cu->captured_fetch_inline) { /* its replays must be given their rows */
+        g->fetch = cu->captured_fetch;
+        g->fetch_node = gdn__cuda_fetch_node(captured);
+        if (!g->fetch_node) {
+            gdn__graph_destroy(exec, captured);
+            gdn__free(g);
+            snprintf(cu->last_error, sizeof cu->last_error, "gdn__cuda_fetch_node: the capture has no fetch node");
+            return GDN_ECUDA;
+        }
+    }
+    *graph = g;
     return GDN_OK;
 }
 GDN__ON_DEVICE(cuda_capture_end, (void *ctx, int keep, void **graph), (ctx, keep, graph))
 
 static gdn_status cuda_graph_launch_here(void *ctx, void *graph, void *stream)
 {
-    GDN__CUDA_TRY((cuda_backend *)ctx, gdn__graph_launch((cudaGraphExec_t)graph, (cudaStream_t)stream));
+    cuda_backend *cu = ctx;
+    cuda_graph *g = graph;
+    /* The staged entry (or the ring) for this launch, unless the node holds it already (a decode of
+     * the same rows as the graph's last launch: the update costs more host time than the launch). */
+    if (g->fetch_node && (cu->staged_length != g->fetch.inline_length ||
+                          memcmp(cu->staged, g->fetch.inline_entry, sizeof(int32_t) * (size_t)cu->staged_length) != 0)) {
+        gdn__fetch_params next = g->fetch;
+        carry_staged(cu, &next);
+        gdn_status status = gdn__cuda_fetch_rows_update(g->exec, g->fetch_node, &next);
+        if (status == GDN_ECUDA) record_launch_failure(cu, "gdn__cuda_fetch_rows_update");
+        if (status != GDN_OK) return status;
+        g->fetch = next;
+    }
+    GDN__CUDA_TRY(cu, gdn__graph_launch(g->exec, (cudaStream_t)stream));
     return GDN_OK;
 }
 GDN__ON_DEVICE(cuda_graph_launch, (void *ctx, void *graph, void *stream), (ctx, graph, stream))
@@ -274,7 +353,10 @@ GDN__ON_DEVICE(cuda_graph_launch, (void *ctx, void *graph, void *stream), (ctx, 
 static void cuda_graph_destroy_here(void *ctx, void *graph)
 {
     (void)ctx;
-    gdn__graph_destroy((cudaGraphExec_t)graph);
+    cuda_graph *g = graph;
+    if (!g) return;
+    gdn__graph_destroy(g->exec, g->graph);
+    gdn__free(g);
 }
 GDN__ON_DEVICE_VOID(cuda_graph_destroy, (void *ctx, void *graph), (ctx, graph))
 

@@ -33,10 +33,15 @@ typedef struct gdn__backend_iface {
      * layer l and every staged clear s (so that the next request in a freed slot does not fold the previous
      * one's tokens); consume_rows tells the backend that work holding a fetch of the staged rows was
      * launched, so the next stage_rows takes a new entry. With `overlap` the fetch may launch before
-     * the preceding kernel ends (it waits for it before any access). */
-    gdn_status (*stage_rows)(void *ctx, const int32_t *rows, int32_t count, const int32_t *clears, int32_t n_clears);
+     * the preceding kernel ends (it waits for it before any access). With `carry` (the same for a
+     * step's stage_rows and fetch_rows) the launch may carry the staged rows in its parameters (a
+     * graph's launches then set them, graph_launch), so that the device need not read them from host
+     * memory; without, the device reads them from the staging (a caller's graph, which the engine
+     * does not launch). */
+    gdn_status (*stage_rows)(void *ctx, const int32_t *rows, int32_t count, const int32_t *clears, int32_t n_clears,
+                             int carry);
     gdn_status (*fetch_rows)(void *ctx, int32_t *dst, int32_t *pending, int32_t num_layers,
-                             int64_t counts_layer_stride, int overlap, void *stream);
+                             int64_t counts_layer_stride, int overlap, int carry, void *stream);
     void (*consume_rows)(void *ctx);
     /* Enqueue the kernels (kernels/gdn_kernel_params.h gives the semantics). */
     gdn_status (*layer_step)(void *ctx, const gdn__layer_params *params, void *stream);

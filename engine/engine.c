@@ -847,7 +847,7 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
     (void)stream; /* the rows reach the device with the step's first work (fetch_rows) */
     if (step->batch > 0 || caller_work) { /* the caller's graph fetches rows whatever the batch */
         status = e->backend.iface->stage_rows(e->backend.ctx, staged_read, staged_values(bucket, step->tokens, variant),
-                                              e->clear_list, e->clear_count);
+                                              e->clear_list, e->clear_count, !caller_work);
         if (status != GDN_OK) {
             e->step.active = 0; /* the staging may be half-written: no step can run on it */
             return status;
@@ -935,13 +935,15 @@ static gdn__commit_params commit_params(const gdn_engine *e, int32_t tokens, int
 }
 
 /* Enqueues (or records) the step's first work: the staged rows to the device and, under fold,
- * the staged clears of freed slots' pending counts in every layer. */
-static gdn_status fetch_staged_rows(gdn_engine *e, void *stream)
+ * the staged clears of freed slots' pending counts in every layer. `carry`: the launch carries the
+ * rows (the engine's direct launches and its own graphs, whose launches set them); a caller's
+ * graph replays without the engine, so its fetch reads the host ring. */
+static gdn_status fetch_staged_rows(gdn_engine *e, int carry, void *stream)
 {
     e->after_fetch = 1;
     return e->backend.iface->fetch_rows(e->backend.ctx, read_slots_buffer(e), keeps_tokens(e) ? slot_count(e, 0, 0) : NULL,
                                         e->config.model.num_layers, gdn__op_counts_layer_stride(&e->stack),
-                                        e->config.launch_overlap, stream);
+                                        e->config.launch_overlap, carry, stream);
 }
 
 /* The staged rows (and clears) went to the device with the work just launched. */
@@ -956,7 +958,7 @@ static void rows_consumed(gdn_engine *e)
 static gdn_status ensure_rows(gdn_engine *e, void *stream)
 {
     if (e->step.rows_fetched) return GDN_OK;
-    gdn_status status = fetch_staged_rows(e, stream);
+    gdn_status status = fetch_staged_rows(e, 1, stream);
     if (status != GDN_OK) return status;
     rows_consumed(e);
     e->step.rows_fetched = 1;
@@ -1026,7 +1028,7 @@ static gdn_status capture_graph(void *ctx, const gdn__graph_key *key, gdn__graph
         const gdn__commit_params p = commit_params(e, key->tokens, key->bucket, key->variant);
         status = b->commit(e->backend.ctx, &p, capture_stream);
     } else { /* a step: the copy of its rows from the host mailbox, then its work */
-        status = fetch_staged_rows(e, capture_stream);
+        status = fetch_staged_rows(e, 1, capture_stream);
         if (status == GDN_OK) status = step_work(e, (gdn_step_kind)key->kind, key->tokens, key->bucket, capture_stream);
         if (status == GDN_OK && e->capture_layers != e->config.model.num_layers) status = GDN_EMISUSE;
     }
@@ -1121,7 +1123,7 @@ gdn_status gdn_engine_enqueue_rows(gdn_engine *e, void *stream)
 {
     if (!e) return GDN_EINVAL;
     if (!caller_work_step(e)) return GDN_EMISUSE;
-    return enqueued_on(e, stream, fetch_staged_rows(e, stream));
+    return enqueued_on(e, stream, fetch_staged_rows(e, 0, stream));
 }
 
 gdn_status gdn_engine_enqueue_layer(gdn_engine *e, int32_t layer, void *stream)

@@ -34,10 +34,12 @@ gdn_status gdn__cuda_commit(const gdn__commit_params *p, void *stream);
 
 gdn_status gdn__cuda_slot_copy(const gdn__slot_copy_params *p, void *stream);
 
-/* The step-row mailbox (kernels/gdn_cuda_fetch.cu): copies the row values of ring entry
- * (*device_seq % ring_entries) into dst and, when pending is not NULL (fold strategy), zeroes
- * pending[l * counts_layer_stride + s] for every layer l and every slot s the entry lists as a clear; then
- * advances *device_seq and publishes it to *host_done. */
+/* The step's rows (kernels/gdn_cuda_fetch.cu): copies the row values of the step's entry into dst
+ * and, when pending is not NULL (fold strategy), zeroes pending[l * counts_layer_stride + s] for
+ * every layer l and every slot s the entry lists as a clear. The entry is inline_entry when
+ * inline_length > 0 (the launch carries it), else ring entry (*device_seq % ring_entries), after
+ * which the kernel advances *device_seq and publishes it to *host_done. */
+#define GDN__FETCH_INLINE_MAX 256
 typedef struct gdn__fetch_params {
     const int32_t *ring;    /* mapped pinned host memory [ring_entries][entry_stride] */
     int32_t ring_entries;
@@ -49,9 +51,16 @@ typedef struct gdn__fetch_params {
     int32_t num_layers;
     long long counts_layer_stride; /* int32 elements between layers' counts */
     int32_t overlap_preceding;     /* may launch before the preceding kernel ends (it waits before any access) */
+    int32_t inline_length;         /* values of inline_entry in use; 0: the entry is in the ring */
+    int32_t inline_entry[GDN__FETCH_INLINE_MAX]; /* an entry in the ring's layout */
 } gdn__fetch_params;
 
 gdn_status gdn__cuda_fetch_rows(const gdn__fetch_params *p, void *stream);
+
+/* The fetch's node in a captured graph (cudaGraph_t), or NULL; and a new entry for that node of the
+ * graph's instance (cudaGraphExec_t), for its next launches. */
+void *gdn__cuda_fetch_node(void *graph);
+gdn_status gdn__cuda_fetch_rows_update(void *exec, void *node, const gdn__fetch_params *p);
 
 /* The text of the last CUDA failure a launcher on this thread returned GDN_ECUDA for
  * ("file:line: expr: error string"); the launchers have consumed the error itself. */
