@@ -119,6 +119,7 @@ scenario_result run_scenario(const scenario_options *o)
     request *reqs = calloc((size_t)max_requests, sizeof *reqs);
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)o->max_batch), *writes = malloc(sizeof(int32_t) * (size_t)o->max_batch);
     int32_t *row_req = malloc(sizeof(int32_t) * (size_t)o->max_batch), *accepted = malloc(sizeof(int32_t) * (size_t)o->max_batch);
+    int32_t *forked_from = malloc(sizeof(int32_t) * (size_t)o->max_batch); /* the row's old slot, or -1 */
     double *expected_out = malloc(sizeof(double) * out_per_token * GDN_MAX_TOKENS);
     double *scratch = malloc(sizeof(double) * elems), *current = malloc(sizeof(double) * elems);
     uint8_t *row_flush = calloc((size_t)o->max_batch, 1); /* ring: the row writes the state back */
@@ -141,9 +142,10 @@ scenario_result run_scenario(const scenario_options *o)
 
         /* Rows: a random subset of live requests in random order, with padding rows and forks. */
         int32_t n = 0;
-        for (int32_t i = 0; i < max_requests && n < o->max_batch; i++) {
+        const int32_t batch_cap = o->small_every > 0 && step % o->small_every == 0 ? 2 : o->max_batch;
+        for (int32_t i = 0; i < max_requests && n < batch_cap; i++) {
             if (!reqs[i].live || test_rng_uniform(&rng) < 0.2) continue;
-            if (n < o->max_batch - 1 && test_rng_uniform(&rng) < 0.08) { /* explicit padding row */
+            if (n < batch_cap - 1 && test_rng_uniform(&rng) < 0.08) { /* explicit padding row */
                 rows[n] = -1, writes[n] = -1, row_req[n] = -1;
                 n++, result.padding_rows++;
             }
@@ -156,10 +158,9 @@ scenario_result run_scenario(const scenario_options *o)
             t = writes[i]; writes[i] = writes[j], writes[j] = t;
             t = row_req[i]; row_req[i] = row_req[j], row_req[j] = t;
         }
-        int32_t forked_from[64];
         for (int32_t i = 0; i < n; i++) {
             forked_from[i] = -1;
-            if (rows[i] < 0 || i >= 64 || test_rng_uniform(&rng) > 0.1) continue;
+            if (rows[i] < 0 || test_rng_uniform(&rng) > 0.1) continue;
             int32_t fresh;
             if (gdn_slot_alloc(e, &fresh) != GDN_OK) continue;
             writes[i] = fresh, forked_from[i] = rows[i];
@@ -357,7 +358,7 @@ scenario_result run_scenario(const scenario_options *o)
         free(reqs[q].state), free(reqs[q].exact);
         clear_pending(&reqs[q], L);
     }
-    free(reqs), free(rows), free(writes), free(row_req), free(accepted), free(expected_out), free(scratch), free(params);
+    free(reqs), free(rows), free(writes), free(row_req), free(accepted), free(forked_from), free(expected_out), free(scratch), free(params);
     free(current), free(row_flush);
     gdn_engine_destroy(e);
     return result;

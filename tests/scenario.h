@@ -28,6 +28,7 @@ typedef struct scenario_options {
      * scenario tests the ring's own decode unless it asks for write-throughs. */
     int32_t ring_write_through;
     int32_t request_scale; /* a request wants (1..24) x this many tokens (long requests fill long rings); 0 = 1 */
+    int32_t small_every;   /* every this many steps, a step of at most two rows (0: none) */
     uint64_t seed;
     /* Optional (may be NULL): receives at the end the states of the requests still live, as
      * [num_slots requests][layers][HV*V*K] doubles indexed by request (zeros for the others), so that

@@ -151,6 +151,28 @@ Test(gpu_engine, random_200_step_scenario_with_graphs, .timeout = 900)
     }
 }
 
+/* A step's rows travel in its launch's parameters where they fit (small buckets), else through the
+ * host ring (large buckets): steps that alternate between the two, as graph replays (whose launches
+ * set the rows of the graph's fetch) and as direct launches, match the host model. */
+Test(gpu_engine, rows_carried_in_the_launch_or_read_from_the_ring, .timeout = 600)
+{
+    test_require_gpu();
+    const gdn_graph_mode modes[] = {GDN_GRAPHS_LAZY, GDN_GRAPHS_OFF};
+    const gdn_verify_strategy strategies[] = {GDN_VERIFY_FOLD, GDN_VERIFY_CACHE};
+    for (int m = 0; m < 2; m++) {
+        scenario_options o = {.preset = "tiny", .backend = GDN_BACKEND_CUDA, .graph_mode = modes[m],
+                              .state_dtype = GDN_DTYPE_F32, .strategy = strategies[m], .layers = 2, .steps = 60,
+                              .num_slots = 120, .max_batch = 96, .max_tokens = 4, .check_every = 3, .min_live = 90,
+                              .small_every = 2, .seed = 940 + (uint64_t)m};
+        scenario_result r = run_scenario(&o);
+        cr_log_info("%s: %d buckets, largest %d, worst state %.1f%%, output %.1f%% of tolerance",
+                    m ? "direct, cache" : "graphs, fold", r.buckets_seen, r.largest_bucket, 100 * r.worst_state,
+                    100 * r.worst_output);
+        cr_assert_geq(r.largest_bucket, 64, "steps whose rows are read from the ring");
+        cr_assert_geq(r.buckets_seen, 2, "steps whose rows travel in the launch");
+    }
+}
+
 Test(gpu_engine, no_allocation_after_creation, .timeout = 300)
 {
     test_require_gpu();
