@@ -207,17 +207,19 @@ template <typename S, int REGS, bool ONE_TOKEN> constexpr bool small_decode() { 
 /* The kept-keys fold verify folds the slot's pending tokens before it waits for the preceding kernel
  * (the kernel's EARLY_FOLD instance): off the chain from that kernel's end to this one's, but on the
  * chain of launches (a kernel's dependents launch once all of its CTAs have passed the wait). Taken
- * where it measured faster on the H100 (bench/results/2026-11-26-h100-fold-early.md): from four to
- * eight tokens on grids of up to GDN__EARLY_FOLD_TOKEN_ROW_HEADS row-heads times tokens, and with
- * two tokens at GDN__EARLY_FOLD_TWO_TOKEN_ROW_HEADS row-heads; with two or three tokens on smaller
- * grids it was slower (the launch chain then sets the step), and level or slower on larger ones. */
+ * where it measured faster on the H100 (bench/results/2026-11-26-h100-fold-early.md,
+ * 2026-11-27-h100-fetch-and-mixer-first.md): from three to eight tokens on grids of up to
+ * GDN__EARLY_FOLD_TOKEN_ROW_HEADS row-heads times tokens (three since the step's rows ride in the
+ * launch; before, three was slower), and with two tokens at GDN__EARLY_FOLD_TWO_TOKEN_ROW_HEADS
+ * row-heads; with two tokens on smaller grids it is still slower in the kernel sweep, and level or
+ * slower on larger grids. */
 #define GDN__EARLY_FOLD_TOKEN_ROW_HEADS 512
 #define GDN__EARLY_FOLD_TWO_TOKEN_ROW_HEADS 128
 inline bool folds_early(const gdn__layer_params *p)
 {
     const int64_t row_heads = (int64_t)p->B * p->HV;
     if (p->T == 2) return row_heads == GDN__EARLY_FOLD_TWO_TOKEN_ROW_HEADS;
-    return p->T >= 4 && p->T <= 8 && row_heads * p->T <= GDN__EARLY_FOLD_TOKEN_ROW_HEADS;
+    return p->T >= 3 && p->T <= 8 && row_heads * p->T <= GDN__EARLY_FOLD_TOKEN_ROW_HEADS;
 }
 
 /* Warps a CTA may have. A decode (every strategy) on a grid of fewer than GDN__SMALL_GRID_CTAS
@@ -323,7 +325,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int local_row0 = warp * Geo::ROWS_PER_WARP + group; /* row of rt = 0 within the first set */
     const int row0 = tile_row0 + local_row0;
 
-    if constexpr (small_decode<S, REGS, ONE_TOKEN>()) { /* (the launcher sets neither for the others) */
+    /* The kept-keys verify compiles the same branch, never taken (the launcher sets neither field for
+     * it): with it its T = 3 and T = 4 steps measured 1.5-2.5% faster on the H100 (bench/results/
+     * 2026-11-27-h100-fetch-and-mixer-first.md), a code-generation effect not understood. */
+    if constexpr (small_decode<S, REGS, ONE_TOKEN>() || KEEP_KEYS) { /* (the launcher sets neither for the others) */
         if (p.rows_from_preceding) gdn__wait_preceding();
         else if (p.allow_dependents_first) gdn__allow_dependents();
     }
