@@ -601,10 +601,14 @@ typedef struct gdn_step {
 /*
  * Starts a step: checks the rows, picks the smallest bucket >= batch (rows past `batch` are padding),
  * and stages the slot indices on the host (no CUDA call: the step's first work, on the stream given to
- * run_step or run_layer, copies them to the device). `stream` is unused and kept for symmetry. An
- * engine's steps must reach the GPU in the order they were begun: drive one engine from one stream
- * (or streams ordered by events). If the GPU falls a whole staging ring (64 steps) behind, this call
- * waits for it. Errors, each leaving the engine unchanged:
+ * run_step or run_layer, copies them to the device; its launch carries them where they fit, so that
+ * the device reads no host memory, and a step graph's launch updates that kernel's parameters when
+ * they differ from the graph's last launch). `stream` is unused and kept for symmetry. An engine's
+ * steps must reach the GPU in the order they were begun: drive one engine from one stream (or
+ * streams ordered by events). Rows that travel through host memory instead (GDN_STEP_CALLER_WORK,
+ * or more than a launch carries: over 254 values of read and write slots (2 x bucket), counts,
+ * parents and the slots freed since the last step) take a slot of a 64-entry staging ring: if the
+ * GPU falls a whole ring behind, this call waits for it. Errors, each leaving the engine unchanged:
  * GDN_ESTEP_KIND, GDN_ESTEP_BATCH, GDN_ESTEP_TOKENS, GDN_ESLOT_RANGE (>= num_slots), GDN_ESLOT_FREE
  * (not allocated), GDN_ESLOT_DUP (a slot read by two rows, written by two rows, or written by a row
  * that does not read it while another row reads it); for token_counts and parents (gdn_step):
