@@ -40,7 +40,6 @@ typedef struct cuda_backend {
      * ring (a caller's graph reads it there, or it is too long to carry). */
     int32_t staged[GDN__FETCH_INLINE_MAX];
     int32_t staged_length;
-    int staged_in_ring;
     /* The fetch recorded in the capture under way, carrying its entry: the graph's launches set it. */
     gdn__fetch_params captured_fetch;
     int captured_fetch_inline;
@@ -178,23 +177,18 @@ static gdn_status cuda_stage_rows(void *ctx, const int32_t *rows, int32_t count,
     cuda_backend *cu = ctx;
     if (count < 0 || n_clears < 0 || (int64_t)count + n_clears + 2 > cu->entry_stride) return GDN_EINVAL;
     const int32_t length = count + n_clears + 2;
-    cu->staged_in_ring = !carry || length > GDN__FETCH_INLINE_MAX;
-    cu->staged_length = cu->staged_in_ring ? 0 : length;
-    if (!cu->staged_in_ring) { /* the launch carries it: the ring is not involved */
-        cu->staged[0] = count;
-        memcpy(cu->staged + 1, rows, sizeof(int32_t) * (size_t)count);
-        cu->staged[1 + count] = n_clears;
-        if (n_clears) memcpy(cu->staged + 2 + count, clears, sizeof(int32_t) * (size_t)n_clears);
-        return GDN_OK;
+    cu->staged_length = carry && length <= GDN__FETCH_INLINE_MAX ? length : 0;
+    int32_t *entry = cu->staged; /* the launch carries it: the ring is not involved */
+    if (!cu->staged_length) {
+        /* Back-pressure only: the entry is free once the device consumed the step a ring ago. */
+        while (cu->host_seq - *cu->done >= ROW_RING_ENTRIES) sched_yield();
+        entry = cu->ring + (size_t)(cu->host_seq % ROW_RING_ENTRIES) * (size_t)cu->entry_stride;
     }
-    /* Back-pressure only: the entry is free once the device consumed the step a ring ago. */
-    while (cu->host_seq - *cu->done >= ROW_RING_ENTRIES) sched_yield();
-    int32_t *entry = cu->ring + (size_t)(cu->host_seq % ROW_RING_ENTRIES) * (size_t)cu->entry_stride;
     memcpy(entry + 1, rows, sizeof(int32_t) * (size_t)count);
     entry[1 + count] = n_clears; /* read only by the fold strategy's fetch */
     if (n_clears) memcpy(entry + 2 + count, clears, sizeof(int32_t) * (size_t)n_clears);
     entry[0] = count;
-    atomic_thread_fence(memory_order_release); /* the entry is complete before any launch that reads it */
+    atomic_thread_fence(memory_order_release); /* a ring entry is complete before any launch that reads it */
     return GDN_OK;
 }
 
@@ -238,8 +232,7 @@ GDN__ON_DEVICE(cuda_fetch_rows,
 static void cuda_consume_rows(void *ctx)
 {
     cuda_backend *cu = ctx;
-    if (cu->staged_in_ring) cu->host_seq++; /* an entry the launch carried took no ring slot */
-    cu->staged_in_ring = 0;
+    if (!cu->staged_length) cu->host_seq++; /* an entry the launch carried took no ring slot */
 }
 
 static gdn_status cuda_layer_step_here(void *ctx, const gdn__layer_params *params, void *stream)
