@@ -430,25 +430,40 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int ring_records = RING ? min(max(p.ring_count[r], 0), p.ring_capacity) : 0;
     load_rows<K, S, Geo>(src, st, row0, glane);
     if (conv && !window_async) stage_window<I>(p, mc, raw, r); /* plain loads, behind the state's */
-    /* EARLY_FOLD (folds_early): the folds depend only on slot r (its state, stored tokens and
-     * pending[r]; gdn_op.h: the preceding kernel writes none of them), so they run before the wait,
-     * while the preceding kernel still runs, and leave the chain from its end to this kernel's; the
-     * folded state is stored after the wait (nothing is written before it). Token j is prepared by
-     * the warp that staged it (its copies are all it waits for), its gates by thread j. */
-    int early_folds = 0;
-    float early_decay = 1.0f; /* the first set's decay after them */
-    if constexpr (EARLY_FOLD) {
-        early_folds = max(0, min(p.pending[r], p.store_tokens));
+    /* KEEP_KEYS (the fold verify on small grids): every read of slot r's count and stored tokens
+     * completes before the wait (gdn_op.h: the preceding kernel writes none of them), and then the CTA
+     * counts itself in, on its row's count and its key head's. So the counts' answers are back by the
+     * time they are used: after the inputs' preparation, the key head's last CTA stores the own
+     * tokens' keys and gates, and the row's last resets the pending count, in the middle of the
+     * kernel. At its end they would delay its completion by their round trips, on the chain of small
+     * grids. EARLY_FOLD (folds_early): the folds depend only on slot r too, so they also run before
+     * the wait, while the preceding kernel still runs, and leave the chain from its end to this
+     * kernel's; the folded state is stored after the wait (nothing else is written before it). Token
+     * j is prepared by the warp that staged it (its copies are all it waits for), its gates by thread j. */
+    int kept_folds = 0;
+    float early_decay = 1.0f; /* the first set's decay after the early folds */
+    unsigned row_arrival = 0, key_arrival = 0;
+    if constexpr (KEEP_KEYS) {
+        kept_folds = max(0, min(p.pending[r], p.store_tokens));
         gdn__copy_async_commit();
         gdn__copy_async_wait_all();
-        if ((int)threadIdx.x < early_folds) {
+        if ((int)threadIdx.x < kept_folds) {
             const I *ap = static_cast<const I *>(p.token_store) + (r * p.store_tokens + threadIdx.x) * token_elems +
                           gdn__token_gates_offset(HK, HV, K, V) + h;
             token_gate(gdn__to_f32(ap[0]), gdn__to_f32(ap[HV]), A, dt_bias, s.gate[threadIdx.x], s.beta[threadIdx.x]);
         }
-        __syncwarp();
-        for (int j = warp; j < early_folds; j += warps) prepare_token<K, I, false>(p, s, j, 0, cta_rows, lane);
+        if constexpr (EARLY_FOLD) {
+            __syncwarp();
+            for (int j = warp; j < kept_folds; j += warps) prepare_token<K, I, false>(p, s, j, 0, cta_rows, lane);
+        }
         __syncthreads();
+        if (threadIdx.x == 0) {
+            row_arrival = atomicAdd(&p.arrivals[i], 1u);
+            key_arrival = atomicAdd(p.key_arrivals + i * HK + kh, 1u);
+        }
+    }
+    const int early_folds = EARLY_FOLD ? kept_folds : 0;
+    if constexpr (EARLY_FOLD) {
         float unused[RT];
         for (int j = 0; j < early_folds; j++) {
             token_values<Geo> tv;
@@ -505,7 +520,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 kept_a[u] = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, head)];
                 kept_b[u] = static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, head)];
             }
-        if ((int)threadIdx.x < tokens && (!EARLY_FOLD || (int)threadIdx.x >= own0)) {
+        if ((int)threadIdx.x < tokens && (!KEEP_KEYS || (int)threadIdx.x >= own0)) {
             const int j = threadIdx.x;
             const I *ap, *bp;
             if (FOLD && j < own0) {
@@ -543,7 +558,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     };
     if (SETS > 1 && sets > 1) stage_set(1, 0);
 
-    const int folds = EARLY_FOLD ? early_folds : FOLD ? max(0, min(p.pending[r], p.store_tokens)) : 0;
+    const int folds = KEEP_KEYS ? kept_folds : FOLD ? max(0, min(p.pending[r], p.store_tokens)) : 0;
     /* The direct fold decode's own token: its reads in flight with pending[r]'s, held raw across the
      * folds (which come first in the state but seldom exist). */
     typename token_values<Geo>::template raw_inputs<I> own_raw;
@@ -554,7 +569,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const bool window_moves = conv && (FOLD || !p.cache);
     const int window_length = window_rows + folds + (verifying() ? 0 : T);
     if constexpr (SHARED) {
-        if ((int)threadIdx.x < tokens && (!EARLY_FOLD || (int)threadIdx.x >= own0))
+        if ((int)threadIdx.x < tokens && (!KEEP_KEYS || (int)threadIdx.x >= own0))
             token_gate(gdn__to_f32(a_in), gdn__to_f32(b_in), A, dt_bias, s.gate[threadIdx.x], s.beta[threadIdx.x]);
         if (tree_form && (int)threadIdx.x >= own0 && (int)threadIdx.x < tokens)
             ts.logd[threadIdx.x - own0] = token_log_decay(gdn__to_f32(a_in), A, dt_bias);
@@ -583,29 +598,37 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 else if (!EARLY_FOLD && j < folds) prepare_token<K, I, false>(p, s, j, 0, cta_rows, lane); /* (the rest: staged, unused) */
             }
         }
+        __shared__ int keys_last_cta;
+        if (KEEP_KEYS && threadIdx.x == 0) keys_last_cta = key_arrival == (uint32_t)(keep_heads * tiles_per_head) - 1u;
         __syncthreads();
+        if constexpr (KEEP_KEYS) { /* the counts' answers (above): the own keys and gates are in shared memory now */
+            if (keys_last_cta) store_own_keys<K, I>(p, s, w, kh, keep_heads, T);
+            if (threadIdx.x == 0) {
+                if (keys_last_cta) p.key_arrivals[i * HK + kh] = 0;
+                if (row_arrival == gridDim.x - 1) {
+                    p.pending[w] = 0;
+                    p.arrivals[i] = 0;
+                }
+            }
+        }
         if (tree_form) tree_coefficients<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
     }
 
     /* Fold: the CTA has read pending[r] and its share of slot r's stored tokens (before the barrier
      * above). It counts itself in now and learns at its end whether it was the row's last, so the
-     * atomic's round trip overlaps the token loop; that last CTA then does the row's bookkeeping.
-     * A decode in place with nothing to fold leaves slot w's tokens and count as they are: its row
+     * atomic's round trip overlaps the token loop; that last CTA then does the row's bookkeeping
+     * (KEEP_KEYS counted in before the wait). A decode in place with nothing to fold leaves slot w's tokens and count as they are: its row
      * has no bookkeeping, and its CTAs do not count in (on small grids, every CTA of the row on one
      * counter). */
     const bool row_bookkeeping = FOLD && (!ONE_TOKEN || verifying() || folds > 0 || r != w);
     unsigned arrival = 0;
-    if (SHARED && row_bookkeeping && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
-    /* The same for the CTAs of key head kh's value heads. The mixer's conv: they have read its window
-     * channels. The fold verify: they have read slot r's stored k of kh, and the last stores the own
-     * tokens' (its count's answer read only at the end, so that the atomic's round trip overlaps the
-     * token loop; waiting for it here delayed the CTA's first warp by that round trip). */
+    if (SHARED && !KEEP_KEYS && row_bookkeeping && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
+    /* The same for the CTAs of key head kh's value heads with the mixer's conv: they have read its
+     * window channels. */
     bool kh_last = false;
     uint32_t *mixer_counts = MIXER ? p.mixer.arrivals + i * (int64_t)(HK + HV) : nullptr;
     const bool kh_writes = window_moves || (conv && verifying());
     if (kh_writes && threadIdx.x == 0) kh_last = arrive_last(mixer_counts + kh, (uint32_t)((HV / HK) * tiles_per_head));
-    unsigned key_arrival = 0; /* KEEP_KEYS runs fold verifies with the counts only (keeps_keys_on) */
-    if (KEEP_KEYS && threadIdx.x == 0) key_arrival = atomicAdd(p.key_arrivals + i * HK + kh, 1u);
 
     if (verifying() && conv) /* the same for the raw x of its v channels */
         store_own_x<I>(mc, raw, seq, T, static_cast<I *>(p.token_store) + w * p.store_tokens * token_elems, token_elems,
@@ -732,7 +755,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     }
 
     if constexpr (FOLD) {
-        if (row_bookkeeping) { /* every CTA of the row has read slot r's tokens: slot w's may change */
+        if (row_bookkeeping && !KEEP_KEYS) { /* every CTA of the row has read slot r's tokens: slot w's may change */
             if constexpr (!SHARED) { /* the direct fold decode: every thread has read them by now */
                 __syncthreads();
                 if (threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
@@ -749,16 +772,6 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 }
             }
         }
-    }
-
-    if constexpr (KEEP_KEYS) {
-        __shared__ int keys_last_cta;
-        if (threadIdx.x == 0) {
-            keys_last_cta = key_arrival == (uint32_t)(keep_heads * tiles_per_head) - 1u;
-            if (keys_last_cta) p.key_arrivals[i * HK + kh] = 0;
-        }
-        __syncthreads();
-        if (keys_last_cta) store_own_keys<K, I>(p, s, w, kh, keep_heads, T);
     }
 
     if constexpr (MIXER) {
