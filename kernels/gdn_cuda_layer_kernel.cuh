@@ -179,9 +179,11 @@ __host__ __device__ size_t staging_bytes(int threads, int K, int cta_rows, int c
  * Measured on the H100 (bench/results/2026-11-26-h100-fold-verify-keys.md): small grids wait for that
  * last copy; the largest ran slower with the kept copies, and also with the code compiled in but not
  * taken, so the other instances do not have it. Up to 64 row-heads a token every measured grid gained,
- * with the fold verify's row sets of staged_verify_sets (2026-11-26-h100-fold-verify-sets.md). */
+ * with the fold verify's row sets of staged_verify_sets (2026-11-26-h100-fold-verify-sets.md); up to
+ * 128 since the kept copies are stored in the middle of the kernel
+ * (2026-11-27-h100-fold-counts-before-the-wait.md). */
 #define GDN__KEPT_HEADS_MAX 8
-#define GDN__KEPT_ROW_HEADS_PER_TOKEN 64
+#define GDN__KEPT_ROW_HEADS_PER_TOKEN 128
 inline bool keeps_keys_on(const gdn__layer_params *p)
 {
     return p->deferred_verify && p->T > 0 && p->key_arrivals && p->HV / p->HK <= GDN__KEPT_HEADS_MAX &&
@@ -211,14 +213,17 @@ template <typename S, int REGS, bool ONE_TOKEN> constexpr bool small_decode() { 
  * 2026-11-27-h100-fetch-and-mixer-first.md): from three to eight tokens on grids of up to
  * GDN__EARLY_FOLD_TOKEN_ROW_HEADS row-heads times tokens (three since the step's rows ride in the
  * launch; before, three was slower), and with two tokens at GDN__EARLY_FOLD_TWO_TOKEN_ROW_HEADS
- * row-heads; with two tokens on smaller grids it is still slower in the kernel sweep, and level or
- * slower on larger grids. */
+ * row-heads, and at half that with bf16 state (since the kept-keys verify counts in before its wait;
+ * 2026-11-27-h100-fold-counts-before-the-wait.md); with two tokens elsewhere it is slower in the
+ * kernel sweep (fp32 at half the row-heads, both states below), and level or slower on larger grids. */
 #define GDN__EARLY_FOLD_TOKEN_ROW_HEADS 512
 #define GDN__EARLY_FOLD_TWO_TOKEN_ROW_HEADS 128
-inline bool folds_early(const gdn__layer_params *p)
+template <typename S> inline bool folds_early(const gdn__layer_params *p)
 {
     const int64_t row_heads = (int64_t)p->B * p->HV;
-    if (p->T == 2) return row_heads == GDN__EARLY_FOLD_TWO_TOKEN_ROW_HEADS;
+    if (p->T == 2)
+        return row_heads == GDN__EARLY_FOLD_TWO_TOKEN_ROW_HEADS ||
+               (sizeof(S) == 2 && row_heads == GDN__EARLY_FOLD_TWO_TOKEN_ROW_HEADS / 2);
     return p->T >= 3 && p->T <= 8 && row_heads * p->T <= GDN__EARLY_FOLD_TOKEN_ROW_HEADS;
 }
 
@@ -897,7 +902,7 @@ static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
     default:
         if constexpr (FOLD && !ONE_TOKEN && !MIXER)
             if (keeps_keys_on(p))
-                return folds_early(p) ? launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, false, true, false, false, true, true, true>(p, stream)
+                return folds_early<S>(p) ? launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, false, true, false, false, true, true, true>(p, stream)
                                       : launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, false, true, false, false, true, true>(p, stream);
         return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     }
