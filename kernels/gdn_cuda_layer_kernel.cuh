@@ -622,12 +622,12 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     /* Fold: the CTA has read pending[r] and its share of slot r's stored tokens (before the barrier
      * above). It counts itself in now and learns at its end whether it was the row's last, so the
      * atomic's round trip overlaps the token loop; that last CTA then does the row's bookkeeping
-     * (KEEP_KEYS counted in before the wait). A decode in place with nothing to fold leaves slot w's tokens and count as they are: its row
-     * has no bookkeeping, and its CTAs do not count in (on small grids, every CTA of the row on one
-     * counter). */
-    const bool row_bookkeeping = FOLD && (!ONE_TOKEN || verifying() || folds > 0 || r != w);
+     * (KEEP_KEYS did its own before and after its preparation barrier, above). A decode in place
+     * with nothing to fold leaves slot w's tokens and count as they are: its row has no bookkeeping,
+     * and its CTAs do not count in (on small grids, every CTA of the row on one counter). */
+    const bool row_bookkeeping = !KEEP_KEYS && FOLD && (!ONE_TOKEN || verifying() || folds > 0 || r != w);
     unsigned arrival = 0;
-    if (SHARED && !KEEP_KEYS && row_bookkeeping && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
+    if (SHARED && row_bookkeeping && threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
     /* The same for the CTAs of key head kh's value heads with the mixer's conv: they have read its
      * window channels. */
     bool kh_last = false;
@@ -760,7 +760,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     }
 
     if constexpr (FOLD) {
-        if (row_bookkeeping && !KEEP_KEYS) { /* every CTA of the row has read slot r's tokens: slot w's may change */
+        if (row_bookkeeping) { /* every CTA of the row has read slot r's tokens: slot w's may change */
             if constexpr (!SHARED) { /* the direct fold decode: every thread has read them by now */
                 __syncthreads();
                 if (threadIdx.x == 0) arrival = atomicAdd(&p.arrivals[i], 1u);
