@@ -448,6 +448,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     int kept_folds = 0;
     float early_decay = 1.0f; /* the first set's decay after the early folds */
     unsigned row_arrival = 0, key_arrival = 0;
+    /* The counts' answers after the preparation barrier. EARLY_FOLD counts in after its folds and
+     * puts both answers here at once: held in registers through the folds they spilled at its
+     * register cap. The other instances count in before and hold theirs, which measured faster there. */
+    __shared__ int keys_last_cta, row_last_cta;
     if constexpr (KEEP_KEYS) {
         kept_folds = max(0, min(p.pending[r], p.store_tokens));
         gdn__copy_async_commit();
@@ -462,7 +466,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             for (int j = warp; j < kept_folds; j += warps) prepare_token<K, I, false>(p, s, j, 0, cta_rows, lane);
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
+        if (!EARLY_FOLD && threadIdx.x == 0) {
             row_arrival = atomicAdd(&p.arrivals[i], 1u);
             key_arrival = atomicAdd(p.key_arrivals + i * HK + kh, 1u);
         }
@@ -474,6 +478,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             token_values<Geo> tv;
             tv.template load_shared<false>(s, j, 0, K, cta_rows, local_row0, glane);
             apply_token<Geo, false, DECAY_OUTSIDE>(st, early_decay, tv, unused);
+        }
+        if (threadIdx.x == 0) {
+            row_last_cta = atomicAdd(&p.arrivals[i], 1u) == gridDim.x - 1;
+            keys_last_cta = atomicAdd(p.key_arrivals + i * HK + kh, 1u) == (uint32_t)(keep_heads * tiles_per_head) - 1u;
         }
     }
     if constexpr (STATE_BEFORE_WAIT) {
@@ -603,14 +611,13 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 else if (!EARLY_FOLD && j < folds) prepare_token<K, I, false>(p, s, j, 0, cta_rows, lane); /* (the rest: staged, unused) */
             }
         }
-        __shared__ int keys_last_cta;
-        if (KEEP_KEYS && threadIdx.x == 0) keys_last_cta = key_arrival == (uint32_t)(keep_heads * tiles_per_head) - 1u;
+        if (KEEP_KEYS && !EARLY_FOLD && threadIdx.x == 0) keys_last_cta = key_arrival == (uint32_t)(keep_heads * tiles_per_head) - 1u;
         __syncthreads();
         if constexpr (KEEP_KEYS) { /* the counts' answers (above): the own keys and gates are in shared memory now */
             if (keys_last_cta) store_own_keys<K, I>(p, s, w, kh, keep_heads, T);
             if (threadIdx.x == 0) {
                 if (keys_last_cta) p.key_arrivals[i * HK + kh] = 0;
-                if (row_arrival == gridDim.x - 1) {
+                if (EARLY_FOLD ? row_last_cta : row_arrival == gridDim.x - 1) {
                     p.pending[w] = 0;
                     p.arrivals[i] = 0;
                 }
