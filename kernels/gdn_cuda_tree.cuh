@@ -121,19 +121,44 @@ __device__ __forceinline__ void tree_token(const float (&st)[Geo::RT][Geo::NV][G
     row_products<Geo, true>(st, tv, dk, dq);
     const float base = ts.c0[t] * decay;
     const uint32_t ancestors = ts.ancestors[t];
+    if constexpr (Geo::RT > 1) {
+        /* Ancestor by ancestor, its coefficients and shared addresses formed once for all of the
+         * thread's rows (each row's sums keep the order below). With one row a thread both orders
+         * are the same work, and the small instances keep the form below. */
+        float sk[Geo::RT], sq[Geo::RT];
 #pragma unroll
-    for (int rt = 0; rt < Geo::RT; rt++) {
-        const int local = local_row0 + rt * Geo::G;
-        float sk = base * dk[rt], sq = base * dq[rt];
-        for (uint32_t rest = ancestors; rest; rest &= rest - 1) { /* the path only: O(depth), not O(t) */
+        for (int rt = 0; rt < Geo::RT; rt++) sk[rt] = base * dk[rt], sq[rt] = base * dq[rt];
+        for (uint32_t rest = ancestors; rest; rest &= rest - 1) {
             const int j = __ffs(rest) - 1;
-            const float u = ts.uown[(size_t)j * rows + local];
-            sk = fmaf(ts.ck[t * T + j], u, sk);
-            sq = fmaf(ts.cq[t * T + j], u, sq);
+            const float cj = ts.ck[t * T + j], qj = ts.cq[t * T + j];
+            const float *uj = ts.uown + (size_t)j * rows + local_row0;
+#pragma unroll
+            for (int rt = 0; rt < Geo::RT; rt++) {
+                sk[rt] = fmaf(cj, uj[rt * Geo::G], sk[rt]);
+                sq[rt] = fmaf(qj, uj[rt * Geo::G], sq[rt]);
+            }
         }
-        const float u = tv.beta * (tv.v[rt] - tv.g * sk);
-        o[rt] = tv.g * sq + u * tv.kq;
-        if (glane == 0) ts.uown[(size_t)t * rows + local] = u;
+#pragma unroll
+        for (int rt = 0; rt < Geo::RT; rt++) {
+            const float u = tv.beta * (tv.v[rt] - tv.g * sk[rt]);
+            o[rt] = tv.g * sq[rt] + u * tv.kq;
+            if (glane == 0) ts.uown[(size_t)t * rows + local_row0 + rt * Geo::G] = u;
+        }
+    } else {
+#pragma unroll
+        for (int rt = 0; rt < Geo::RT; rt++) {
+            const int local = local_row0 + rt * Geo::G;
+            float sk = base * dk[rt], sq = base * dq[rt];
+            for (uint32_t rest = ancestors; rest; rest &= rest - 1) { /* the path only: O(depth), not O(t) */
+                const int j = __ffs(rest) - 1;
+                const float u = ts.uown[(size_t)j * rows + local];
+                sk = fmaf(ts.ck[t * T + j], u, sk);
+                sq = fmaf(ts.cq[t * T + j], u, sq);
+            }
+            const float u = tv.beta * (tv.v[rt] - tv.g * sk);
+            o[rt] = tv.g * sq + u * tv.kq;
+            if (glane == 0) ts.uown[(size_t)t * rows + local] = u;
+        }
     }
     __syncwarp();
 }
