@@ -448,9 +448,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     int kept_folds = 0;
     float early_decay = 1.0f; /* the first set's decay after the early folds */
     unsigned row_arrival = 0, key_arrival = 0;
-    /* The counts' answers after the preparation barrier. EARLY_FOLD counts in after its folds and
-     * puts both answers here at once: held in registers through the folds they spilled at its
-     * register cap. The other instances count in before and hold theirs, which measured faster there. */
+    /* The counts' answers, read after the preparation barrier. EARLY_FOLD counts in after its folds
+     * and puts both here at once: held in registers through the folds they spilled at its register
+     * cap. The other instances count in right after the barrier below and hold theirs in registers
+     * (measured faster there); the key head's goes here just before the preparation barrier. */
     __shared__ int keys_last_cta, row_last_cta;
     if constexpr (KEEP_KEYS) {
         kept_folds = max(0, min(p.pending[r], p.store_tokens));
