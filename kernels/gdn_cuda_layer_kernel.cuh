@@ -311,6 +311,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     constexpr bool DECAY_OUTSIDE = FOLD && SHARED && sizeof(S) == 2;
     using Geo = layer_geometry<K, S, REGS, SHARED>;
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT;
+    /* The fold verify's big instance runs a tree in the big instances' form (gdn_cuda_tree.cuh); the
+     * others keep the form they were measured with. */
+    constexpr bool BIG_TREE = FOLD && SHARED && !ONE_TOKEN && !MIXER && !KEEP_KEYS && REGS == big_regs<S>();
     extern __shared__ __align__(16) float smem[];
 
     const int lane = threadIdx.x & 31;
@@ -349,8 +352,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const uint32_t all_tokens = (1u << T) - 1u;
     gdn__row_plan plan = {T, all_tokens, 0};
     const bool planned = T > 0 && !out_of_range && r >= 0 && (p.token_counts || p.parents);
+    bool row_chain = true; /* (BIG_TREE) */
     if (planned) {
-        plan = gdn__plan_row(p.token_counts, p.parents, T, i, nullptr);
+        if constexpr (BIG_TREE) plan = plan_row_at_once(p.token_counts, p.parents, T, i, row_chain);
+        else plan = gdn__plan_row(p.token_counts, p.parents, T, i, nullptr);
         if (plan.bad && p.error_flag && blockIdx.x == 0 && threadIdx.x == 0) *p.error_flag = 1;
     }
     if (r < 0 || out_of_range || (planned && (plan.n == 0 || (ONE_TOKEN && plan.live != all_tokens)))) {
@@ -386,7 +391,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                                             keep_heads));
     /* Fold with a tree that is not a chain (a one-token step's never is): the tree form
      * (gdn_cuda_tree.cuh), its coefficients where the mixer's part would be. */
-    const bool tree_form = !ONE_TOKEN && verifying() && !row_is_chain(p.parents, i, T, plan.n);
+    const bool tree_form = !ONE_TOKEN && verifying() && !(BIG_TREE ? row_chain : row_is_chain(p.parents, i, T, plan.n));
     const tree_shared ts(reinterpret_cast<float *>(mixer_base + (MIXER ? parts.end : 0)), T, cta_rows);
     I *raw = reinterpret_cast<I *>(mixer_base + parts.raw);
     I *z_sh = reinterpret_cast<I *>(mixer_base + parts.z);
@@ -624,7 +629,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 }
             }
         }
-        if (tree_form) tree_coefficients<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
+        if (tree_form) {
+            if constexpr (BIG_TREE) tree_coefficients_listed<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
+            else tree_coefficients<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
+        }
     }
 
     /* Fold: the CTA has read pending[r] and its share of slot r's stored tokens (before the barrier
@@ -651,8 +659,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
          * copy (exact: v converted from I and back; the preparation above read slot r's rows before
          * the barrier, and no other CTA reads these rows). */
         I *store = static_cast<I *>(p.token_store);
+        const int row_bits = __ffs(cta_rows) - 1; /* (BIG_TREE: cta_rows is a power of two) */
         for (int e = threadIdx.x; e < T * cta_rows; e += blockDim.x) {
-            const int t = e / cta_rows, row = e % cta_rows;
+            const int t = BIG_TREE ? e >> row_bits : e / cta_rows, row = BIG_TREE ? e & (cta_rows - 1) : e % cta_rows;
             store[(w * p.store_tokens + t) * token_elems + gdn__token_v_offset(HK, K) + (int64_t)h * V + tile_row0 + row] =
                 gdn__from_f32<I>(s.v[(size_t)(own0 + t) * cta_rows + row]);
         }
@@ -688,6 +697,13 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                                                      st, decay, set_row0, glane);
         }
 
+        if constexpr (BIG_TREE) {
+            if (tree_form) {
+                tree_set_scattered<K, O, Geo>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0, set_row0, glane, out,
+                                              out_base, out_token_stride);
+                continue;
+            }
+        }
         /* (Loading token t + 1's inputs during token t was measured slower: the extra registers
          * cost more occupancy than the hidden latency gained.) */
         int held = -1; /* the token whose state the registers hold (-1: the row's start) */

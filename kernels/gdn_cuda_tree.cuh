@@ -163,4 +163,209 @@ __device__ __forceinline__ void tree_token(const float (&st)[Geo::RT][Geo::NV][G
     __syncwarp();
 }
 
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The big instances' tree form (a thread holds several rows): the same math, laid out so that no   */
+/* part of a node's work is repeated by every lane of a row group                                  */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* gdn__plan_row for row i, with the row's T parents read at once (every load in flight, not one round
+ * trip a token), and whether its first n tokens form a chain (row_is_chain). The same plan. */
+__device__ __forceinline__ gdn__row_plan plan_row_at_once(const int32_t *token_counts, const int32_t *parents, int T, int64_t i,
+                                                          bool &chain)
+{
+    int32_t parent[GDN_MAX_TOKENS];
+#pragma unroll
+    for (int t = 0; t < GDN_MAX_TOKENS; t++) parent[t] = parents && t < T ? parents[i * T + t] : t - 1;
+    gdn__row_plan plan = {T, 0u, 0};
+    chain = true;
+    if (token_counts) {
+        const int32_t n = token_counts[i];
+        if (n < 1 || n > T) {
+            plan.n = 0, plan.bad = 1;
+            return plan;
+        }
+        plan.n = n;
+    }
+#pragma unroll
+    for (int t = 0; t < GDN_MAX_TOKENS; t++) {
+        if (t >= plan.n) break;
+        const int32_t up = parent[t];
+        chain = chain && up == t - 1;
+        if (up < -1 || up >= t) plan.bad = 1;
+        else if (up < 0 || ((plan.live >> up) & 1u)) plan.live |= 1u << t;
+    }
+    return plan;
+}
+
+/* tree_coefficients for the big instances: only the pairs (t, j) with j an ancestor of t get a dot
+ * product (a tree of depth d has at most d T of them, not T (T - 1) / 2). Warp 0 walks every own
+ * token's path at once (lane t: token t; the parents through shuffles), writes each pair's decay
+ * factor into ck and the pair into a list (kept in ts.uown, unused until the node loop), then the
+ * CTA's lane groups take the listed pairs. The sums keep tree_coefficients' order. Ends with a barrier. */
+template <int K>
+__device__ void tree_coefficients_listed(const tree_shared &ts, const shared_tokens &s, const int32_t *row_parents,
+                                         uint32_t live, int T, int own0, int lane, int warp, int warps)
+{
+    __shared__ int pair_count;
+    int *pairs = reinterpret_cast<int *>(ts.uown); /* (t << 8) | j */
+    if (warp == 0) {
+        const int t = lane;
+        const bool is_live = t < T && ((live >> t) & 1u);
+        const int up = is_live ? row_parents[t] : -1; /* live: every parent on the path checked */
+        uint32_t ancestors = 0;
+        float path = 0.0f; /* P of the parent: the log decays from a (the walk's position) up to t's parent */
+        int a = up;
+        while (__any_sync(0xffffffffu, a >= 0)) {
+            const int next = __shfl_sync(0xffffffffu, up, a >= 0 ? a : 0);
+            if (a >= 0) {
+                ts.ck[t * T + a] = expf(path); /* the pair's factor exp(P_p - P_a), before a's own decay */
+                ancestors |= 1u << a;
+                path += ts.logd[a];
+                a = next;
+            }
+        }
+        if (t < T) {
+            ts.ancestors[t] = ancestors;
+            ts.c0[t] = is_live ? expf(path) : 0.0f;
+        }
+        const int count = __popc(ancestors);
+        int first = count; /* inclusive scan over the lanes, then exclusive */
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int x = __shfl_up_sync(0xffffffffu, first, off);
+            if (lane >= off) first += x;
+        }
+        if (lane == 31) pair_count = first;
+        first -= count;
+        for (uint32_t rest = ancestors; rest; rest &= rest - 1) pairs[first++] = (t << 8) | (__ffs(rest) - 1);
+    }
+    __syncthreads();
+    constexpr int PL = GDN__PAIR_LANES, GROUPS = 32 / PL;
+    const int total = pair_count, pl = lane % PL;
+    for (int m0 = warp * GROUPS; m0 < total; m0 += warps * GROUPS) { /* uniform over the warp: the sums shuffle */
+        const int m = min(m0 + lane / PL, total - 1);
+        const int pair = pairs[m], t = pair >> 8, j = pair & 0xff;
+        const float *kj = s.khat + (size_t)(own0 + j) * K, *kt = s.khat + (size_t)(own0 + t) * K, *qt = s.qhat + (size_t)t * K;
+        float dk = 0.0f, dq = 0.0f;
+#pragma unroll 1
+        for (int e = 0; e < K / (4 * PL); e++) {
+            const int at = (e * PL + pl) * 4;
+            const float4 x = *reinterpret_cast<const float4 *>(kj + at), y = *reinterpret_cast<const float4 *>(kt + at),
+                         z = *reinterpret_cast<const float4 *>(qt + at);
+            dk = fmaf(x.x, y.x, fmaf(x.y, y.y, fmaf(x.z, y.z, fmaf(x.w, y.w, dk))));
+            dq = fmaf(x.x, z.x, fmaf(x.y, z.y, fmaf(x.z, z.z, fmaf(x.w, z.w, dq))));
+        }
+        dk = group_sum<PL>(dk);
+        dq = group_sum<PL>(dq);
+        if (m0 + lane / PL < total && pl == 0) {
+            const float f = ts.ck[t * T + j];
+            ts.ck[t * T + j] = f * dk, ts.cq[t * T + j] = f * dq;
+        }
+    }
+    __syncthreads();
+}
+
+/* Reduce-scatter over a row group's L lanes: x[0..M) are a lane's partial sums; afterwards x[0..MV)
+ * (MV = max(M / L, 1)) hold whole sums, of indices [base, base + MV) (scatter_base). Levels that
+ * would split fewer than two values sum instead (every lane of a pair then holds the same sums). */
+template <int OFF, int MREM, int M> __device__ __forceinline__ void scatter_sums(float (&x)[M], int glane)
+{
+    if constexpr (OFF > 0) {
+        if constexpr (MREM > 1) {
+            constexpr int HALF = MREM / 2;
+            const bool upper = (glane & OFF) != 0;
+#pragma unroll
+            for (int k = 0; k < HALF; k++) {
+                const float send = upper ? x[k] : x[k + HALF], keep = upper ? x[k + HALF] : x[k];
+                x[k] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            scatter_sums<OFF / 2, HALF, M>(x, glane);
+        } else {
+            x[0] += __shfl_xor_sync(0xffffffffu, x[0], OFF);
+            scatter_sums<OFF / 2, 1, M>(x, glane);
+        }
+    }
+}
+template <int L, int M> __device__ __forceinline__ int scatter_base(int glane)
+{
+    int base = 0, m = M;
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1)
+        if (m > 1) {
+            m /= 2;
+            if (glane & off) base += m;
+        }
+    return base;
+}
+
+/* A row set's own tokens of a tree, for the big instances: o of every live token from B = decay * st,
+ * stored to out, and each token's corrections into ts.uown. Each lane group's partial products for
+ * its RT rows (S.k^ and S.q^ of each) are reduce-scattered so that each lane ends with one kind of
+ * product for its own rows: lanes with the k products form u (row by row along the path), their
+ * partners (lane ^ L / 2) with the q products form o, so a node's scalar work is not repeated by
+ * the group's lanes. Each row's ancestor sums keep tree_token's order. */
+template <int K, typename O, typename Geo>
+__device__ __forceinline__ void tree_set_scattered(const float (&st)[Geo::RT][Geo::NV][Geo::EV], float decay, const shared_tokens &s,
+                                                   const tree_shared &ts, uint32_t live, int own0, int T, int rows,
+                                                   int set_local_row0, int set_row0, int glane, O *out, int64_t out_base,
+                                                   int64_t out_token_stride)
+{
+    constexpr int RT = Geo::RT, NV = Geo::NV, EV = Geo::EV, L = Geo::L, G = Geo::G, M = 2 * RT;
+    constexpr int MV = M > L ? M / L : 1;
+    const int base = scatter_base<L, M>(glane);
+    const bool q_kind = base >= RT; /* this lane's products: S.q^ (o), else S.k^ (u) */
+    const int rt0 = q_kind ? base - RT : base;
+    const bool writer = M >= L || (glane & (L / M - 1)) == 0; /* the first of lanes holding the same sums */
+    for (int t = 0; t < T; t++) {
+        if (!((live >> t) & 1u)) { /* padding token: zero output and correction */
+            if (writer)
+#pragma unroll
+                for (int v = 0; v < MV; v++) {
+                    const int rt = rt0 + v;
+                    if (q_kind) out[out_base + t * out_token_stride + set_row0 + rt * G] = gdn__from_f32<O>(0.0f);
+                    else ts.uown[(size_t)t * rows + set_local_row0 + rt * G] = 0.0f;
+                }
+            __syncwarp();
+            continue;
+        }
+        float k[NV][EV], q[NV][EV], x[M];
+        load_slice<Geo>(s.khat + (size_t)(own0 + t) * K, k, glane);
+        load_slice<Geo>(s.qhat + (size_t)t * K, q, glane);
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+            float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NV; n++)
+#pragma unroll
+                for (int e = 0; e < EV; e++) {
+                    a0 = fmaf(st[rt][n][e], k[n][e], a0);
+                    a1 = fmaf(st[rt][n][e], q[n][e], a1);
+                }
+            x[rt] = a0, x[RT + rt] = a1;
+        }
+        scatter_sums<L / 2, M, M>(x, glane);
+        const float base_coef = ts.c0[t] * decay, g = s.gate[own0 + t], beta = s.beta[own0 + t], kq = s.kq[t];
+        const uint32_t ancestors = ts.ancestors[t];
+        const float *coef = (q_kind ? ts.cq : ts.ck) + t * T;
+#pragma unroll
+        for (int v = 0; v < MV; v++) {
+            const int local = set_local_row0 + (rt0 + v) * G;
+            float sum = base_coef * x[v];
+            for (uint32_t rest = ancestors; rest; rest &= rest - 1) {
+                const int j = __ffs(rest) - 1;
+                sum = fmaf(coef[j], ts.uown[(size_t)j * rows + local], sum);
+            }
+            const float u = beta * (s.v[(size_t)(own0 + t) * rows + local] - g * sum); /* the k lanes' */
+            const float u_k = __shfl_xor_sync(0xffffffffu, u, L / 2);                  /* the q lanes' partner's */
+            if (writer) {
+                if (q_kind) out[out_base + t * out_token_stride + set_row0 + (rt0 + v) * G] = gdn__from_f32<O>(g * sum + u_k * kq);
+                else ts.uown[(size_t)t * rows + local] = u;
+            }
+        }
+        __syncwarp(); /* the corrections, read by both lanes of each row at the next tokens */
+    }
+}
+
+
 #endif /* GDN_CUDA_TREE_CUH */
