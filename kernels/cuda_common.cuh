@@ -246,6 +246,17 @@ __device__ __forceinline__ uint32_t gdn__zero_after(uint32_t x)
     return zero;
 }
 
+/* d += A B on the tensor cores: A 16 x 16 bf16 (a0..a3), B 16 x 8 bf16 (b0, b1), d 16 x 8 fp32, in the
+ * PTX ISA's m16n8k16 fragment layouts. */
+__device__ __forceinline__ void gdn__mma_bf16_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                                       uint32_t b1)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
 /* Two fp32 values rounded once (to nearest even) to S and packed into one 32-bit word, the first in
  * the low half (memory order); for S = float, one value per word. */
 template <typename S> __device__ __forceinline__ uint32_t gdn__pack_word(const float *x);

@@ -699,8 +699,12 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
 
         if constexpr (BIG_TREE) {
             if (tree_form) {
-                tree_set_scattered<K, O, Geo>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0, set_row0, glane, out,
-                                              out_base, out_token_stride);
+                if constexpr (sizeof(S) == 2 && L == 8) /* bf16 state, K = 128: the products on the tensor cores */
+                    tree_set_mma<K, O, Geo>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0 - group,
+                                            set_row0 - group, lane, out, out_base, out_token_stride);
+                else
+                    tree_set_scattered<K, O, Geo>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0, set_row0,
+                                                  glane, out, out_base, out_token_stride);
                 continue;
             }
         }

@@ -78,17 +78,6 @@ template <int KPL, typename I> __device__ __forceinline__ void record_k_values(c
     }
 }
 
-/* d += A B on the tensor cores: A 16 x 16 bf16 (a0..a3), B 16 x 8 bf16 (b0, b1), d 16 x 8 fp32, in the
- * PTX ISA's m16n8k16 fragment layouts. */
-__device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                                  uint32_t b1)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
 /* acc[nt] += the warp's 16 A rows (the lane's two: row_top, row_bottom, 8 apart) times n-tile nt's 8 B
  * columns, over all K columns, for n-tiles 0..tiles - 1. The reduction visits a row's columns in an order that A and B
  * share: lane qt reads 8 consecutive columns 32 c + 8 qt .. + 7 of each 32 (one 16-byte read a row,
@@ -107,8 +96,8 @@ __device__ __forceinline__ void rows_times_columns(const unsigned char *row_top,
         for (int nt = 0; nt < NT; nt++) {
             if (nt >= tiles) break;
             const uint4 b = b_at(nt, col);
-            mma_bf16_m16n8k16(acc[nt], a_top.x, a_bottom.x, a_top.y, a_bottom.y, b.x, b.y);
-            mma_bf16_m16n8k16(acc[nt], a_top.z, a_bottom.z, a_top.w, a_bottom.w, b.z, b.w);
+            gdn__mma_bf16_m16n8k16(acc[nt], a_top.x, a_bottom.x, a_top.y, a_bottom.y, b.x, b.y);
+            gdn__mma_bf16_m16n8k16(acc[nt], a_top.z, a_bottom.z, a_top.w, a_bottom.w, b.z, b.w);
         }
     }
 }
@@ -722,8 +711,8 @@ __device__ __forceinline__ void write_back_tensor_rows(const unsigned char *tile
                 const uint32_t lo_bits = m < entries ? k_bits[m * K + bcol] : 0u, hi_bits = m + 1 < entries ? k_bits[(m + 1) * K + bcol] : 0u;
                 b[half] = lo_bits | hi_bits << 16;
             }
-            mma_bf16_m16n8k16(acc, a_hi[ks][0], a_hi[ks][1], a_hi[ks][2], a_hi[ks][3], b[0], b[1]);
-            mma_bf16_m16n8k16(acc, a_lo[ks][0], a_lo[ks][1], a_lo[ks][2], a_lo[ks][3], b[0], b[1]);
+            gdn__mma_bf16_m16n8k16(acc, a_hi[ks][0], a_hi[ks][1], a_hi[ks][2], a_hi[ks][3], b[0], b[1]);
+            gdn__mma_bf16_m16n8k16(acc, a_lo[ks][0], a_lo[ks][1], a_lo[ks][2], a_lo[ks][3], b[0], b[1]);
         }
         *reinterpret_cast<__nv_bfloat162 *>(to + (int64_t)rowA * K + col) = __floats2bfloat162_rn(acc[0], acc[1]);
         *reinterpret_cast<__nv_bfloat162 *>(to + (int64_t)rowB * K + col) = __floats2bfloat162_rn(acc[2], acc[3]);

@@ -368,4 +368,130 @@ __device__ __forceinline__ void tree_set_scattered(const float (&st)[Geo::RT][Ge
 }
 
 
+/* A row set's own tokens of a tree for the big bf16 instances (K = 128: a row group is two quads),
+ * with the products on the tensor cores: the warp's 16 rows times all T <= 16 nodes' k^ and q^ as
+ * m16n8k16 bf16 MMAs (A: 16 nodes; B: the rows, one column a quad, so a row's two halves of K are
+ * two columns). A quad's B values are its own elements of K in a permuted order, which its A values
+ * follow; the two quads of a group hold different elements, so each pass takes one half's columns and
+ * the halves are summed after. The rows are rounded to bf16 as their store is; each lane then holds
+ * nodes tq and tq + 8 of its quad position's row in each rt, and forms their corrections depth by
+ * depth (a node's ancestors are shallower; nodes of one depth in parallel), then their outputs. */
+template <int K, typename O, typename Geo>
+__device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::EV], float decay, const shared_tokens &s,
+                                             const tree_shared &ts, uint32_t live, int own0, int T, int rows, int warp_local_row0,
+                                             int warp_row0, int lane, O *out, int64_t out_base, int64_t out_token_stride)
+{
+    constexpr int RT = Geo::RT, EV = Geo::EV, L = Geo::L, G = Geo::G, CH = Geo::NV * Geo::EV / 4;
+    static_assert(L == 8 && G == 4 && EV % 4 == 0, "two quads a row group");
+    const int q = lane & 3, tq = lane >> 2;
+    uint32_t sb[RT][CH][2]; /* the rows as B fragments */
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+            const int n = 4 * c / EV, e0 = 4 * c % EV;
+            sb[rt][c][0] = gdn__pack_word<__nv_bfloat16>(&st[rt][n][e0]);
+            sb[rt][c][1] = gdn__pack_word<__nv_bfloat16>(&st[rt][n][e0 + 2]);
+        }
+    /* Dead from here (the next set loads its own), but the compiler cannot tell across the set loop:
+     * without this their registers stay held and the instance spills. */
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+#pragma unroll
+            for (int e = 0; e < EV; e++) st[rt][n][e] = 0.0f;
+    const bool top_live = tq < T, bottom_live = tq + 8 < T;
+    /* The rows times all nodes' k^ (q_side false) or q^: d[rt][node tq, tq + 8] of the warp's row rt G + q. */
+    const auto products = [&](bool q_side, float (&d)[RT][2]) {
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) d[rt][0] = d[rt][1] = 0.0f;
+        const float *base = q_side ? s.qhat : s.khat + (size_t)own0 * K;
+        const float *top = base + (size_t)tq * K, *bottom = base + (size_t)(tq + 8) * K;
+#pragma unroll 1 /* one pass's loads in flight at a time */
+        for (int hf = 0; hf < 2; hf++) { /* the columns of the quads holding half hf of their rows */
+            float acc[RT][4];
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[rt][c] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < CH; c++) {
+                const int n = 4 * c / EV, e0 = 4 * c % EV;
+                const int at = n * L * EV + (hf * 4 + q) * EV + e0; /* the elements quad lane q of half hf holds */
+                const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                const float4 x = top_live ? *reinterpret_cast<const float4 *>(top + at) : zero;
+                const float4 y = bottom_live ? *reinterpret_cast<const float4 *>(bottom + at) : zero;
+                const uint32_t a0 = gdn__pack_word<__nv_bfloat16>(&x.x), a1 = gdn__pack_word<__nv_bfloat16>(&y.x),
+                               a2 = gdn__pack_word<__nv_bfloat16>(&x.z), a3 = gdn__pack_word<__nv_bfloat16>(&y.z);
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) gdn__mma_bf16_m16n8k16(acc[rt], a0, a1, a2, a3, sb[rt][c][0], sb[rt][c][1]);
+            }
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) { /* this pass's valid columns: 2 q + hf */
+                d[rt][0] += hf ? acc[rt][1] : acc[rt][0];
+                d[rt][1] += hf ? acc[rt][3] : acc[rt][2];
+            }
+        }
+    };
+    int depth[2];
+#pragma unroll
+    for (int sl = 0; sl < 2; sl++) {
+        const int t = tq + 8 * sl;
+        depth[sl] = t < T && ((live >> t) & 1u) ? __popc(ts.ancestors[t]) : -1;
+    }
+    const int deepest = __reduce_max_sync(0xffffffffu, max(depth[0], depth[1]));
+    {
+        float dk[RT][2];
+        products(false, dk);
+        for (int level = 0; level <= deepest; level++) {
+#pragma unroll
+            for (int sl = 0; sl < 2; sl++) {
+                if (depth[sl] != level) continue;
+                const int t = tq + 8 * sl;
+                const float base_coef = ts.c0[t] * decay, g = s.gate[own0 + t], beta = s.beta[own0 + t];
+                const uint32_t ancestors = ts.ancestors[t];
+                const float *coef = ts.ck + t * T;
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) {
+                    const int local = warp_local_row0 + rt * G + q;
+                    float sum = base_coef * dk[rt][sl];
+                    for (uint32_t rest = ancestors; rest; rest &= rest - 1) { /* tree_token's order */
+                        const int j = __ffs(rest) - 1;
+                        sum = fmaf(coef[j], ts.uown[(size_t)j * rows + local], sum);
+                    }
+                    ts.uown[(size_t)t * rows + local] = beta * (s.v[(size_t)(own0 + t) * rows + local] - g * sum);
+                }
+            }
+            __syncwarp();
+        }
+    }
+    float dq[RT][2];
+    products(true, dq);
+#pragma unroll
+    for (int sl = 0; sl < 2; sl++) {
+        const int t = tq + 8 * sl;
+        if (t >= T) continue;
+        const bool is_live = (live >> t) & 1u; /* padding tokens: zero output (their corrections are never read) */
+        const float base_coef = is_live ? ts.c0[t] * decay : 0.0f, g = s.gate[own0 + t], kq = s.kq[t];
+        const uint32_t ancestors = is_live ? ts.ancestors[t] : 0u;
+        const float *coef = ts.cq + t * T;
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+            const int local = warp_local_row0 + rt * G + q;
+            float o = 0.0f;
+            if (is_live) {
+                float sum = base_coef * dq[rt][sl];
+                for (uint32_t rest = ancestors; rest; rest &= rest - 1) {
+                    const int j = __ffs(rest) - 1;
+                    sum = fmaf(coef[j], ts.uown[(size_t)j * rows + local], sum);
+                }
+                o = g * sum + ts.uown[(size_t)t * rows + local] * kq;
+            }
+            out[out_base + t * out_token_stride + warp_row0 + rt * G + q] = gdn__from_f32<O>(o);
+        }
+    }
+    __syncwarp(); /* every lane's reads of the corrections before the next set's writes */
+}
+
 #endif /* GDN_CUDA_TREE_CUH */
