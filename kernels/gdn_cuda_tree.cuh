@@ -329,21 +329,12 @@ __device__ __forceinline__ void tree_set_scattered(const float (&st)[Geo::RT][Ge
             __syncwarp();
             continue;
         }
-        float k[NV][EV], q[NV][EV], x[M];
+        float k[NV][EV], q[NV][EV], pk[RT], pq[RT], x[M];
         load_slice<Geo>(s.khat + (size_t)(own0 + t) * K, k, glane);
         load_slice<Geo>(s.qhat + (size_t)t * K, q, glane);
+        row_partials<Geo, true>(st, k, q, pk, pq);
 #pragma unroll
-        for (int rt = 0; rt < RT; rt++) {
-            float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll
-            for (int n = 0; n < NV; n++)
-#pragma unroll
-                for (int e = 0; e < EV; e++) {
-                    a0 = fmaf(st[rt][n][e], k[n][e], a0);
-                    a1 = fmaf(st[rt][n][e], q[n][e], a1);
-                }
-            x[rt] = a0, x[RT + rt] = a1;
-        }
+        for (int rt = 0; rt < RT; rt++) x[rt] = pk[rt], x[RT + rt] = pq[rt];
         scatter_sums<L / 2, M, M>(x, glane);
         const float base_coef = ts.c0[t] * decay, g = s.gate[own0 + t], beta = s.beta[own0 + t], kq = s.kq[t];
         const uint32_t ancestors = ts.ancestors[t];

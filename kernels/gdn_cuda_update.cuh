@@ -20,10 +20,10 @@
  * faster; fp32 fold no faster (at 80 registers it spills), so fp32 keeps the plain update. */
 #define GDN__DECAY_FOLD_BELOW 0.00390625f /* 2^-8 */
 
-/* dk = S.k^ and (OUTPUT) dq = S.q^ over each of the thread's rows, summed over the lane group. */
+/* The thread's part of dk = S.k^ and (OUTPUT) dq = S.q^ for each of its rows: its slice of k^ and q^. */
 template <typename Geo, bool OUTPUT>
-__device__ __forceinline__ void row_products(const float (&st)[Geo::RT][Geo::NV][Geo::EV], const token_values<Geo> &tv,
-                                             float (&dk)[Geo::RT], float (&dq)[Geo::RT])
+__device__ __forceinline__ void row_partials(const float (&st)[Geo::RT][Geo::NV][Geo::EV], const float (&k)[Geo::NV][Geo::EV],
+                                             const float (&q)[Geo::NV][Geo::EV], float (&dk)[Geo::RT], float (&dq)[Geo::RT])
 {
 #pragma unroll
     for (int rt = 0; rt < Geo::RT; rt++) {
@@ -32,12 +32,20 @@ __device__ __forceinline__ void row_products(const float (&st)[Geo::RT][Geo::NV]
         for (int n = 0; n < Geo::NV; n++)
 #pragma unroll
             for (int e = 0; e < Geo::EV; e++) {
-                a0 = fmaf(st[rt][n][e], tv.k[n][e], a0);
-                if (OUTPUT) a1 = fmaf(st[rt][n][e], tv.q[n][e], a1);
+                a0 = fmaf(st[rt][n][e], k[n][e], a0);
+                if (OUTPUT) a1 = fmaf(st[rt][n][e], q[n][e], a1);
             }
         dk[rt] = a0;
         dq[rt] = a1;
     }
+}
+
+/* dk = S.k^ and (OUTPUT) dq = S.q^ over each of the thread's rows, summed over the lane group. */
+template <typename Geo, bool OUTPUT>
+__device__ __forceinline__ void row_products(const float (&st)[Geo::RT][Geo::NV][Geo::EV], const token_values<Geo> &tv,
+                                             float (&dk)[Geo::RT], float (&dq)[Geo::RT])
+{
+    row_partials<Geo, OUTPUT>(st, tv.k, tv.q, dk, dq);
     row_sums<Geo::L, Geo::RT, OUTPUT>(dk, dq);
 }
 
