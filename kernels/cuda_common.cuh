@@ -276,6 +276,17 @@ template <> __device__ __forceinline__ uint32_t gdn__pack_word<__half>(const flo
     return w;
 }
 
+/* x0, x1 as a bf16 pair (hi) and the pair of what that rounding left (lo): hi + lo carries about 16
+ * bits of each value, so an MMA pair hi.B + lo.B keeps about 2^-17 of each product's size. */
+__device__ __forceinline__ void gdn__split_bf16x2(float x0, float x1, uint32_t &hi, uint32_t &lo)
+{
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float2 back = __bfloat1622float2(h);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - back.x, x1 - back.y);
+    memcpy(&hi, &h, 4);
+    memcpy(&lo, &l, 4);
+}
+
 /* Rounds N fp32 values once (to nearest even) to S and stores them in one access at `p` (aligned to
  * N * sizeof(S)). Built as integer words and stored through the vector intrinsics: a plain copy of
  * an element struct was measured to compile to one 2-byte store per bf16 element (8 stores where

@@ -630,8 +630,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             }
         }
         if (tree_form) {
-            if constexpr (BIG_TREE) tree_coefficients_listed<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
-            else tree_coefficients<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
+            if constexpr (BIG_TREE) {
+                tree_coefficients_listed<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
+                if constexpr (L == 8 && sizeof(S) == 2) tree_path_matrix(ts, s, plan.live, T, own0, cta_rows, lane, warp);
+            } else tree_coefficients<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
         }
     }
 
@@ -699,9 +701,12 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
 
         if constexpr (BIG_TREE) {
             if (tree_form) {
-                if constexpr (sizeof(S) == 2 && L == 8) /* bf16 state, K = 128: the products on the tensor cores */
+                if constexpr (L == 8 && sizeof(S) == 2) /* K = 128: on the tensor cores */
                     tree_set_mma<K, O, Geo>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0 - group,
                                             set_row0 - group, lane, out, out_base, out_token_stride);
+                else if constexpr (L == 8) /* (fp32 state: split operands) */
+                    tree_set_mma_split<K, O, Geo>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0 - group,
+                                                  set_row0 - group, lane, out, out_base, out_token_stride);
                 else
                     tree_set_scattered<K, O, Geo>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0, set_row0,
                                                   glane, out, out_base, out_token_stride);

@@ -676,11 +676,6 @@ __device__ __forceinline__ void write_back_tensor_rows(const unsigned char *tile
     static_assert(GDN_MAX_RING_LENGTH <= 32, "two k-steps of 16 entries");
     constexpr int PITCH = K * 2;
     const int ksteps = (entries + 15) / 16;
-    const auto pack = [](__nv_bfloat162 v) {
-        uint32_t bits;
-        memcpy(&bits, &v, 4);
-        return bits;
-    };
     uint32_t a_hi[2][4], a_lo[2][4];
 #pragma unroll
     for (int ks = 0; ks < 2; ks++)
@@ -688,10 +683,7 @@ __device__ __forceinline__ void write_back_tensor_rows(const unsigned char *tile
         for (int reg = 0; reg < 4; reg++) { /* a0..a3 of the m16n8k16 A fragment: rows rowA / rowB, entries m, m + 1 */
             const int m = ks * 16 + qt * 2 + (reg >> 1) * 8, row = reg & 1 ? rowB : rowA;
             const float x0 = m < entries ? coef(m, row) : 0.0f, x1 = m + 1 < entries ? coef(m + 1, row) : 0.0f;
-            const __nv_bfloat162 hi = __floats2bfloat162_rn(x0, x1);
-            const float2 back = __bfloat1622float2(hi);
-            a_hi[ks][reg] = pack(hi);
-            a_lo[ks][reg] = pack(__floats2bfloat162_rn(x0 - back.x, x1 - back.y));
+            gdn__split_bf16x2(x0, x1, a_hi[ks][reg], a_lo[ks][reg]);
         }
     const unsigned short *k_bits = reinterpret_cast<const unsigned short *>(krec_s);
 #pragma unroll 2

@@ -26,10 +26,17 @@ struct tree_shared {
     float *logd;   /* [T] each own token's log decay */
     uint32_t *ancestors; /* [T] bit j: token j is an ancestor of token t */
 
-    static __host__ __device__ size_t floats(int T, int rows)
+    static __host__ __device__ size_t parts_floats(int T, int rows)
     {
         return ((size_t)T * rows + T + 2 * (size_t)T * T + 2 * (size_t)T + 3) / 4 * 4;
     }
+    /* With the tensor-core form's two [T][T] matrices (tree_path_matrix): in uown where it has room
+     * (rows >= 2 T), else past the parts. */
+    static __host__ __device__ size_t floats(int T, int rows)
+    {
+        return parts_floats(T, rows) + (rows >= 2 * T ? 0 : 2 * (size_t)T * T);
+    }
+    __device__ float *matrices(int T, int rows) const { return rows >= 2 * T ? uown : uown + parts_floats(T, rows); }
     __device__ tree_shared(float *base, int T, int rows)
     {
         uown = base;
@@ -359,30 +366,219 @@ __device__ __forceinline__ void tree_set_scattered(const float (&st)[Geo::RT][Ge
 }
 
 
-/* A row set's own tokens of a tree for the big bf16 instances (K = 128: a row group is two quads),
- * with the products on the tensor cores: the warp's 16 rows times all T <= 16 nodes' k^ and q^ as
- * m16n8k16 bf16 MMAs (A: 16 nodes; B: the rows, one column a quad, so a row's two halves of K are
- * two columns). A quad's B values are its own elements of K in a permuted order, which its A values
- * follow; the two quads of a group hold different elements, so each pass takes one half's columns and
- * the halves are summed after. The rows are rounded to bf16 as their store is; each lane then holds
- * nodes tq and tq + 8 of its quad position's row in each rt, and forms their corrections depth by
- * depth (a node's ancestors are shallower; nodes of one depth in parallel), then their outputs. */
+/* For the tensor-core form below (own tokens T <= 16): with N[t][j] = beta_t g_t ck[t][j] and
+ * P[t][j] = g_t cq[t][j] for j an ancestor of t, P[t][t] = kq_t, the corrections are
+ * U = (I + N)^-1 R, R_t = beta_t (v_t - g_t c0_t B k^_t), and the outputs O = g c0 B q^ + P U, so
+ * M = P (I + N)^-1 turns a set's corrections and outputs into one product M R. Warp 0 forms it, lane m
+ * (m < T) column m, row by row: a node's ancestors come before it, and the tree is uniform over the
+ * warp, so the loops do not diverge. M is stored [T][T] at ts.matrices (uown is unused once the pairs
+ * are formed), (I + N)^-1 after it (in registers it would spill the rows, live here); padding tokens'
+ * rows and columns are zero. Ends with a barrier. */
+__device__ __forceinline__ void tree_path_matrix(const tree_shared &ts, const shared_tokens &s, uint32_t live, int T, int own0,
+                                                 int rows, int lane, int warp)
+{
+    if (warp == 0 && lane < T) {
+        const int m = lane;
+        float *const product = ts.matrices(T, rows), *const inverse = product + T * T; /* M, (I + N)^-1: [t][m] */
+        for (int t = 0; t < T; t++) {
+            float acc = 0.0f, sum = 0.0f;
+            if ((live >> t) & 1u) {
+                const float g = s.gate[own0 + t], beta_g = s.beta[own0 + t] * g;
+                acc = m == t ? 1.0f : 0.0f;
+                for (uint32_t rest = ts.ancestors[t]; rest; rest &= rest - 1) {
+                    const int j = __ffs(rest) - 1;
+                    const float wj = inverse[j * T + m];
+                    acc = fmaf(-beta_g * ts.ck[t * T + j], wj, acc);
+                    sum = fmaf(ts.cq[t * T + j], wj, sum);
+                }
+                sum = fmaf(g, sum, s.kq[t] * acc);
+            }
+            inverse[t * T + m] = acc;
+            product[t * T + m] = sum;
+        }
+    }
+    __syncthreads();
+}
+
+/* A row set's own tokens of a tree for the big bf16 instances with K = 128 (a row group is two quads),
+ * on the tensor cores. The warp's 16 rows (rounded to bf16, as their store rounds them) times all
+ * T <= 16 nodes' k^ and q^ are m16n8k16 bf16 MMAs with the rows as A: m-rows 0-7 are the 8 quads'
+ * halves of rows rt, 8-15 of rt + 1, each quad's k values its own elements of K in a permuted order
+ * that the nodes' B values follow. A pass takes one half of K, so each quad keeps the pass of the half
+ * it holds; the two quads of a row group then reduce-scatter, each keeping two of the four rts, so
+ * that its lanes hold products of rows along m and nodes along n: the A layout of the next MMA, in
+ * which R (the corrections' right-hand side) times M^T (tree_path_matrix), as bf16 hi + lo pairs,
+ * added to g c0 B q^, gives the outputs. (With fp32 state the fixed cost of M, a serial pass and a
+ * barrier, outweighs its 8 rows a warp: tree_set_mma_split.) */
 template <int K, typename O, typename Geo>
 __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::EV], float decay, const shared_tokens &s,
                                              const tree_shared &ts, uint32_t live, int own0, int T, int rows, int warp_local_row0,
                                              int warp_row0, int lane, O *out, int64_t out_base, int64_t out_token_stride)
 {
-    constexpr int RT = Geo::RT, EV = Geo::EV, L = Geo::L, G = Geo::G, CH = Geo::NV * Geo::EV / 4;
-    static_assert(L == 8 && G == 4 && EV % 4 == 0, "two quads a row group");
-    const int q = lane & 3, tq = lane >> 2;
-    uint32_t sb[RT][CH][2]; /* the rows as B fragments */
+    constexpr int RT = Geo::RT, EV = Geo::EV, L = Geo::L, G = Geo::G, CH = Geo::NV * Geo::EV / 4, KEPT = RT / 2;
+    static_assert(L == 8 && G == 4 && RT == 4 && EV % 4 == 0, "two quads a row group, two rt pairs");
+    const int q = lane & 3, tq = lane >> 2, group = lane >> 3, half = tq & 1;
+    uint32_t sa[RT][CH][2]; /* the rows as A fragment words: k 2q.. and 2q + 8.. of chunk c */
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
 #pragma unroll
         for (int c = 0; c < CH; c++) {
             const int n = 4 * c / EV, e0 = 4 * c % EV;
-            sb[rt][c][0] = gdn__pack_word<__nv_bfloat16>(&st[rt][n][e0]);
-            sb[rt][c][1] = gdn__pack_word<__nv_bfloat16>(&st[rt][n][e0 + 2]);
+            sa[rt][c][0] = gdn__pack_word<__nv_bfloat16>(&st[rt][n][e0]);
+            sa[rt][c][1] = gdn__pack_word<__nv_bfloat16>(&st[rt][n][e0 + 2]);
+        }
+    /* Dead from here (the next set loads its own), but the compiler cannot tell across the set loop:
+     * without this their registers stay held and the instance spills. */
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+#pragma unroll
+            for (int e = 0; e < EV; e++) st[rt][n][e] = 0.0f;
+    const bool top_live = tq < T, bottom_live = tq + 8 < T;
+    /* The rows times all nodes' k^ (q_side false) or q^: x[nt][2 kr + b] of the warp's row
+     * (KEPT half + kr) G + group and node 8 nt + 2 q + b. */
+    const auto products = [&](bool q_side, float (&x)[2][2 * KEPT]) {
+        float d[KEPT][2][4]; /* [rt pair][node tile][c]: the pass of this quad's half */
+        const float *base = q_side ? s.qhat : s.khat + (size_t)own0 * K;
+        const float *top = base + (size_t)tq * K, *bottom = base + (size_t)(tq + 8) * K;
+#pragma unroll 1 /* one pass's loads in flight at a time */
+        for (int hf = 0; hf < 2; hf++) { /* the nodes' elements that the quads holding half hf hold */
+            float acc[KEPT][2][4];
+#pragma unroll
+            for (int pr = 0; pr < KEPT; pr++)
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) acc[pr][nt][c] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < CH; c++) {
+                const int n = 4 * c / EV, e0 = 4 * c % EV;
+                const int at = n * L * EV + (hf * 4 + q) * EV + e0; /* the elements quad lane q of half hf holds */
+                const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                const float4 x0 = top_live ? *reinterpret_cast<const float4 *>(top + at) : zero;
+                const float4 x1 = bottom_live ? *reinterpret_cast<const float4 *>(bottom + at) : zero;
+                const uint32_t b[2][2] = {/* [node tile][k half] */
+                                          {gdn__pack_word<__nv_bfloat16>(&x0.x), gdn__pack_word<__nv_bfloat16>(&x0.z)},
+                                          {gdn__pack_word<__nv_bfloat16>(&x1.x), gdn__pack_word<__nv_bfloat16>(&x1.z)}};
+#pragma unroll
+                for (int pr = 0; pr < KEPT; pr++) {
+                    const int ra = 2 * pr, rb = 2 * pr + 1;
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+                        gdn__mma_bf16_m16n8k16(acc[pr][nt], sa[ra][c][0], sa[rb][c][0], sa[ra][c][1], sa[rb][c][1], b[nt][0], b[nt][1]);
+                }
+            }
+#pragma unroll
+            for (int pr = 0; pr < KEPT; pr++)
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) d[pr][nt][c] = hf == half ? acc[pr][nt][c] : d[pr][nt][c];
+        }
+        /* The row group's other quad holds the other half of K: half h keeps rt pair h. */
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float keep = half ? d[1][nt][c] : d[0][nt][c], send = half ? d[0][nt][c] : d[1][nt][c];
+                x[nt][c] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+            }
+    };
+    bool runs[2][2]; /* [node tile][b]: whether node 8 nt + 2 q + b runs */
+    float coef[2][2]; /* g c0 decay: of B k^ in R, of B q^ in O */
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int b = 0; b < 2; b++) {
+            const int t = 8 * nt + 2 * q + b;
+            runs[nt][b] = t < T && ((live >> t) & 1u);
+            coef[nt][b] = runs[nt][b] ? ts.c0[t] * decay * s.gate[own0 + t] : 0.0f;
+        }
+    uint32_t r_hi[4], r_lo[4]; /* R as the A fragment a0..a3 */
+    {
+        float xk[2][2 * KEPT];
+        products(false, xk);
+        float r[2][2 * KEPT];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int kr = 0; kr < KEPT; kr++)
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    const int t = 8 * nt + 2 * q + b, local = warp_local_row0 + (KEPT * half + kr) * G + group;
+                    r[nt][2 * kr + b] =
+                        runs[nt][b] ? s.beta[own0 + t] * (s.v[(size_t)(own0 + t) * rows + local] - coef[nt][b] * xk[nt][2 * kr + b]) : 0.0f;
+                }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) /* a0 (a2): kept row 0, nodes 2q.. (2q + 8..); a1 (a3): kept row 1 */
+#pragma unroll
+            for (int kr = 0; kr < KEPT; kr++)
+                gdn__split_bf16x2(r[nt][2 * kr], r[nt][2 * kr + 1], r_hi[2 * nt + kr], r_lo[2 * nt + kr]);
+    }
+    float o[2][4];
+    {
+        float xq[2][2 * KEPT];
+        products(true, xq);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) /* (padding nodes: any k^, q^) */
+                o[nt][c] = runs[nt][c & 1] ? coef[nt][c & 1] * xq[nt][c] : 0.0f;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) { /* o[nt] += R^T M^T for outputs 8 nt + 2 q + c % 2 */
+        const int t = 8 * nt + tq; /* the B fragment's column: output t, k = node */
+        const float *product = ts.matrices(T, rows);
+        float m[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int j = 2 * q + (e & 1) + 8 * (e >> 1);
+            m[e] = t < T && j < T ? product[t * T + j] : 0.0f;
+        }
+        uint32_t m_hi[2], m_lo[2];
+        gdn__split_bf16x2(m[0], m[1], m_hi[0], m_lo[0]);
+        gdn__split_bf16x2(m[2], m[3], m_hi[1], m_lo[1]);
+        gdn__mma_bf16_m16n8k16(o[nt], r_lo[0], r_lo[1], r_lo[2], r_lo[3], m_hi[0], m_hi[1]);
+        gdn__mma_bf16_m16n8k16(o[nt], r_hi[0], r_hi[1], r_hi[2], r_hi[3], m_lo[0], m_lo[1]);
+        gdn__mma_bf16_m16n8k16(o[nt], r_hi[0], r_hi[1], r_hi[2], r_hi[3], m_hi[0], m_hi[1]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int kr = 0; kr < KEPT; kr++)
+#pragma unroll
+            for (int b = 0; b < 2; b++) {
+                const int t = 8 * nt + 2 * q + b;
+                if (t < T) out[out_base + t * out_token_stride + warp_row0 + (KEPT * half + kr) * G + group] = gdn__from_f32<O>(o[nt][2 * kr + b]);
+            }
+}
+
+/* A row set's own tokens of a tree for the big fp32 instances with K = 128 (a row group is two quads),
+ * with the products on the tensor cores: the warp's 8 rows times all T <= 16 nodes' k^ and q^ as
+ * m16n8k16 bf16 MMAs (A: 16 nodes; B: the rows, one column a quad, so a row's two halves of K are two
+ * columns), each operand a bf16 pair hi + lo, three MMAs a product (hi hi + lo hi + hi lo; the lo lo
+ * term dropped): about 16 bits of each. A quad's B values are its own elements of K in a permuted
+ * order, which its A values follow; the two quads of a group hold different elements, so each pass
+ * takes one half's columns and the halves are summed after. Each lane then holds nodes tq and tq + 8
+ * of its quad position's row in each rt, and forms their corrections depth by depth (a node's
+ * ancestors are shallower; nodes of one depth in parallel), then their outputs. */
+template <int K, typename O, typename Geo>
+__device__ __forceinline__ void tree_set_mma_split(float (&st)[Geo::RT][Geo::NV][Geo::EV], float decay, const shared_tokens &s,
+                                                   const tree_shared &ts, uint32_t live, int own0, int T, int rows, int warp_local_row0,
+                                                   int warp_row0, int lane, O *out, int64_t out_base, int64_t out_token_stride)
+{
+    constexpr int RT = Geo::RT, EV = Geo::EV, L = Geo::L, G = Geo::G, CH = Geo::NV * Geo::EV / 4;
+    static_assert(L == 8 && G == 4 && EV % 4 == 0, "two quads a row group");
+    const int q = lane & 3, tq = lane >> 2;
+    uint32_t sb[RT][CH][2], sl[RT][CH][2]; /* the rows as B fragments: hi, lo */
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+            const int n = 4 * c / EV, e0 = 4 * c % EV;
+            gdn__split_bf16x2(st[rt][n][e0], st[rt][n][e0 + 1], sb[rt][c][0], sl[rt][c][0]);
+            gdn__split_bf16x2(st[rt][n][e0 + 2], st[rt][n][e0 + 3], sb[rt][c][1], sl[rt][c][1]);
         }
     /* Dead from here (the next set loads its own), but the compiler cannot tell across the set loop:
      * without this their registers stay held and the instance spills. */
@@ -413,10 +609,15 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
                 const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 const float4 x = top_live ? *reinterpret_cast<const float4 *>(top + at) : zero;
                 const float4 y = bottom_live ? *reinterpret_cast<const float4 *>(bottom + at) : zero;
-                const uint32_t a0 = gdn__pack_word<__nv_bfloat16>(&x.x), a1 = gdn__pack_word<__nv_bfloat16>(&y.x),
-                               a2 = gdn__pack_word<__nv_bfloat16>(&x.z), a3 = gdn__pack_word<__nv_bfloat16>(&y.z);
+                uint32_t a0, a1, a2, a3, l0, l1, l2, l3;
+                gdn__split_bf16x2(x.x, x.y, a0, l0), gdn__split_bf16x2(y.x, y.y, a1, l1);
+                gdn__split_bf16x2(x.z, x.w, a2, l2), gdn__split_bf16x2(y.z, y.w, a3, l3);
 #pragma unroll
-                for (int rt = 0; rt < RT; rt++) gdn__mma_bf16_m16n8k16(acc[rt], a0, a1, a2, a3, sb[rt][c][0], sb[rt][c][1]);
+                for (int rt = 0; rt < RT; rt++) {
+                    gdn__mma_bf16_m16n8k16(acc[rt], a0, a1, a2, a3, sl[rt][c][0], sl[rt][c][1]);
+                    gdn__mma_bf16_m16n8k16(acc[rt], l0, l1, l2, l3, sb[rt][c][0], sb[rt][c][1]);
+                    gdn__mma_bf16_m16n8k16(acc[rt], a0, a1, a2, a3, sb[rt][c][0], sb[rt][c][1]);
+                }
             }
 #pragma unroll
             for (int rt = 0; rt < RT; rt++) { /* this pass's valid columns: 2 q + hf */
@@ -484,5 +685,6 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
     }
     __syncwarp(); /* every lane's reads of the corrections before the next set's writes */
 }
+
 
 #endif /* GDN_CUDA_TREE_CUH */
