@@ -366,6 +366,32 @@ __device__ __forceinline__ void tree_set_scattered(const float (&st)[Geo::RT][Ge
 }
 
 
+/* The two tensor-core forms below (K = 128: a row group is two quads, each lane 16 elements of a row).
+ * The rows' registers once packed into fragments: dead from here (the next set loads its own), but
+ * the compiler cannot tell across the set loop; without this their registers stay held and the
+ * instances spill. */
+template <typename Geo> __device__ __forceinline__ void release_rows(float (&st)[Geo::RT][Geo::NV][Geo::EV])
+{
+#pragma unroll
+    for (int rt = 0; rt < Geo::RT; rt++)
+#pragma unroll
+        for (int n = 0; n < Geo::NV; n++)
+#pragma unroll
+            for (int e = 0; e < Geo::EV; e++) st[rt][n][e] = 0.0f;
+}
+/* Chunk c (4 elements) of nodes tq (top) and tq + 8 (bottom): the elements that quad lane q of the
+ * quads holding half hf of a row holds, in its registers' order; zero for nodes past T. */
+template <typename Geo>
+__device__ __forceinline__ void node_chunk(const float *top, const float *bottom, bool top_live, bool bottom_live, int hf, int q, int c,
+                                           float4 &x_top, float4 &x_bottom)
+{
+    const int n = 4 * c / Geo::EV, e0 = 4 * c % Geo::EV;
+    const int at = n * Geo::L * Geo::EV + (hf * 4 + q) * Geo::EV + e0;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    x_top = top_live ? *reinterpret_cast<const float4 *>(top + at) : zero;
+    x_bottom = bottom_live ? *reinterpret_cast<const float4 *>(bottom + at) : zero;
+}
+
 /* For the tensor-core form below (own tokens T <= 16): with N[t][j] = beta_t g_t ck[t][j] and
  * P[t][j] = g_t cq[t][j] for j an ancestor of t, P[t][t] = kq_t, the corrections are
  * U = (I + N)^-1 R, R_t = beta_t (v_t - g_t c0_t B k^_t), and the outputs O = g c0 B q^ + P U, so
@@ -427,14 +453,7 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
             sa[rt][c][0] = gdn__pack_word<__nv_bfloat16>(&st[rt][n][e0]);
             sa[rt][c][1] = gdn__pack_word<__nv_bfloat16>(&st[rt][n][e0 + 2]);
         }
-    /* Dead from here (the next set loads its own), but the compiler cannot tell across the set loop:
-     * without this their registers stay held and the instance spills. */
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-        for (int n = 0; n < Geo::NV; n++)
-#pragma unroll
-            for (int e = 0; e < EV; e++) st[rt][n][e] = 0.0f;
+    release_rows<Geo>(st);
     const bool top_live = tq < T, bottom_live = tq + 8 < T;
     /* The rows times all nodes' k^ (q_side false) or q^: x[nt][2 kr + b] of the warp's row
      * (KEPT half + kr) G + group and node 8 nt + 2 q + b. */
@@ -453,11 +472,8 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
                     for (int c = 0; c < 4; c++) acc[pr][nt][c] = 0.0f;
 #pragma unroll
             for (int c = 0; c < CH; c++) {
-                const int n = 4 * c / EV, e0 = 4 * c % EV;
-                const int at = n * L * EV + (hf * 4 + q) * EV + e0; /* the elements quad lane q of half hf holds */
-                const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                const float4 x0 = top_live ? *reinterpret_cast<const float4 *>(top + at) : zero;
-                const float4 x1 = bottom_live ? *reinterpret_cast<const float4 *>(bottom + at) : zero;
+                float4 x0, x1;
+                node_chunk<Geo>(top, bottom, top_live, bottom_live, hf, q, c, x0, x1);
                 const uint32_t b[2][2] = {/* [node tile][k half] */
                                           {gdn__pack_word<__nv_bfloat16>(&x0.x), gdn__pack_word<__nv_bfloat16>(&x0.z)},
                                           {gdn__pack_word<__nv_bfloat16>(&x1.x), gdn__pack_word<__nv_bfloat16>(&x1.z)}};
@@ -526,10 +542,10 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
             for (int c = 0; c < 4; c++) /* (padding nodes: any k^, q^) */
                 o[nt][c] = runs[nt][c & 1] ? coef[nt][c & 1] * xq[nt][c] : 0.0f;
     }
+    const float *product = ts.matrices(T, rows);
 #pragma unroll
     for (int nt = 0; nt < 2; nt++) { /* o[nt] += R^T M^T for outputs 8 nt + 2 q + c % 2 */
         const int t = 8 * nt + tq; /* the B fragment's column: output t, k = node */
-        const float *product = ts.matrices(T, rows);
         float m[4];
 #pragma unroll
         for (int e = 0; e < 4; e++) {
@@ -580,14 +596,7 @@ __device__ __forceinline__ void tree_set_mma_split(float (&st)[Geo::RT][Geo::NV]
             gdn__split_bf16x2(st[rt][n][e0], st[rt][n][e0 + 1], sb[rt][c][0], sl[rt][c][0]);
             gdn__split_bf16x2(st[rt][n][e0 + 2], st[rt][n][e0 + 3], sb[rt][c][1], sl[rt][c][1]);
         }
-    /* Dead from here (the next set loads its own), but the compiler cannot tell across the set loop:
-     * without this their registers stay held and the instance spills. */
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-        for (int n = 0; n < Geo::NV; n++)
-#pragma unroll
-            for (int e = 0; e < EV; e++) st[rt][n][e] = 0.0f;
+    release_rows<Geo>(st);
     const bool top_live = tq < T, bottom_live = tq + 8 < T;
     /* The rows times all nodes' k^ (q_side false) or q^: d[rt][node tq, tq + 8] of the warp's row rt G + q. */
     const auto products = [&](bool q_side, float (&d)[RT][2]) {
@@ -604,11 +613,8 @@ __device__ __forceinline__ void tree_set_mma_split(float (&st)[Geo::RT][Geo::NV]
                 for (int c = 0; c < 4; c++) acc[rt][c] = 0.0f;
 #pragma unroll
             for (int c = 0; c < CH; c++) {
-                const int n = 4 * c / EV, e0 = 4 * c % EV;
-                const int at = n * L * EV + (hf * 4 + q) * EV + e0; /* the elements quad lane q of half hf holds */
-                const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                const float4 x = top_live ? *reinterpret_cast<const float4 *>(top + at) : zero;
-                const float4 y = bottom_live ? *reinterpret_cast<const float4 *>(bottom + at) : zero;
+                float4 x, y;
+                node_chunk<Geo>(top, bottom, top_live, bottom_live, hf, q, c, x, y);
                 uint32_t a0, a1, a2, a3, l0, l1, l2, l3;
                 gdn__split_bf16x2(x.x, x.y, a0, l0), gdn__split_bf16x2(y.x, y.y, a1, l1);
                 gdn__split_bf16x2(x.z, x.w, a2, l2), gdn__split_bf16x2(y.z, y.w, a3, l3);
