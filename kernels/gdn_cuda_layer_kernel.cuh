@@ -354,7 +354,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const bool planned = T > 0 && !out_of_range && r >= 0 && (p.token_counts || p.parents);
     bool row_chain = true; /* (BIG_TREE) */
     if (planned) {
-        if constexpr (BIG_TREE) plan = plan_row_at_once(p.token_counts, p.parents, T, i, row_chain);
+        if constexpr (BIG_TREE && sizeof(S) == 2) plan = plan_row_by_lanes(p.token_counts, p.parents, T, i, lane, row_chain);
+        else if constexpr (BIG_TREE) plan = plan_row_at_once(p.token_counts, p.parents, T, i, row_chain);
         else plan = gdn__plan_row(p.token_counts, p.parents, T, i, nullptr);
         if (plan.bad && p.error_flag && blockIdx.x == 0 && threadIdx.x == 0) *p.error_flag = 1;
     }
@@ -632,7 +633,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         if (tree_form) {
             if constexpr (BIG_TREE) {
                 tree_coefficients_listed<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
-                if constexpr (L == 8 && sizeof(S) == 2) tree_path_matrix(ts, s, plan.live, T, own0, cta_rows, lane, warp);
+                if constexpr (L == 8 && sizeof(S) == 2) tree_path_matrix(ts, s, plan.live, T, own0, cta_rows, lane, warp, warps);
             } else tree_coefficients<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
         }
     }
@@ -661,11 +662,28 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
          * copy (exact: v converted from I and back; the preparation above read slot r's rows before
          * the barrier, and no other CTA reads these rows). */
         I *store = static_cast<I *>(p.token_store);
-        const int row_bits = __ffs(cta_rows) - 1; /* (BIG_TREE: cta_rows is a power of two) */
-        for (int e = threadIdx.x; e < T * cta_rows; e += blockDim.x) {
-            const int t = BIG_TREE ? e >> row_bits : e / cta_rows, row = BIG_TREE ? e & (cta_rows - 1) : e % cta_rows;
-            store[(w * p.store_tokens + t) * token_elems + gdn__token_v_offset(HK, K) + (int64_t)h * V + tile_row0 + row] =
-                gdn__from_f32<I>(s.v[(size_t)(own0 + t) * cta_rows + row]);
+        /* The big bf16 instance stores 16-byte vectors where every token's rows allow them (the others
+         * measured slower so: fp32 state's 16-token chains, the small grids' 36-layer verify). */
+        constexpr int VW = 16 / (int)sizeof(I);
+        static_assert(VW == 8, "2-byte inputs");
+        I *const v_rows = store + w * p.store_tokens * token_elems + gdn__token_v_offset(HK, K) + (int64_t)h * V + tile_row0;
+        if (BIG_TREE && sizeof(S) == 2 && cta_rows % VW == 0 && token_elems % VW == 0 &&
+            (reinterpret_cast<uintptr_t>(v_rows) & 15) == 0) {
+            const int chunks = cta_rows / VW;
+            for (int e = threadIdx.x; e < T * chunks; e += blockDim.x) {
+                const int t = e / chunks, c = e % chunks;
+                const float4 *from = reinterpret_cast<const float4 *>(s.v + (size_t)(own0 + t) * cta_rows + c * VW);
+                const float4 lo = from[0], hi = from[1];
+                const float x[VW] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+                gdn__store_vec<I, VW>(v_rows + t * token_elems + c * VW, x);
+            }
+        } else {
+            const int row_bits = __ffs(cta_rows) - 1; /* (BIG_TREE: cta_rows is a power of two) */
+            for (int e = threadIdx.x; e < T * cta_rows; e += blockDim.x) {
+                const int t = BIG_TREE ? e >> row_bits : e / cta_rows, row = BIG_TREE ? e & (cta_rows - 1) : e % cta_rows;
+                store[(w * p.store_tokens + t) * token_elems + gdn__token_v_offset(HK, K) + (int64_t)h * V + tile_row0 + row] =
+                    gdn__from_f32<I>(s.v[(size_t)(own0 + t) * cta_rows + row]);
+            }
         }
     }
 

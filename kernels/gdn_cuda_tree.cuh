@@ -177,7 +177,9 @@ __device__ __forceinline__ void tree_token(const float (&st)[Geo::RT][Geo::NV][G
 /* ---------------------------------------------------------------------------------------------- */
 
 /* gdn__plan_row for row i, with the row's T parents read at once (every load in flight, not one round
- * trip a token), and whether its first n tokens form a chain (row_is_chain). The same plan. */
+ * trip a token), and whether its first n tokens form a chain (row_is_chain). The same plan. The big
+ * fp32 instances' plan: plan_row_by_lanes (below) measured 2-3% slower there on 16-token chains,
+ * which do not even run it (a code-generation effect, not understood). */
 __device__ __forceinline__ gdn__row_plan plan_row_at_once(const int32_t *token_counts, const int32_t *parents, int T, int64_t i,
                                                           bool &chain)
 {
@@ -202,6 +204,45 @@ __device__ __forceinline__ gdn__row_plan plan_row_at_once(const int32_t *token_c
         if (up < -1 || up >= t) plan.bad = 1;
         else if (up < 0 || ((plan.live >> up) & 1u)) plan.live |= 1u << t;
     }
+    return plan;
+}
+
+
+/* gdn__plan_row for row i, computed by a warp's lanes (lane t: token t; every lane of the warp calls
+ * it, and gets the same plan), and whether its first n tokens form a chain (row_is_chain). The
+ * big bf16 instances' plan: in the small instances the lanes' values took up to 9 more registers
+ * (with small spills) beside code that small grids depend on, so they keep gdn__plan_row. The parents are read
+ * at once, one a lane, and a token's path is checked by pointer jumping: after round r a lane has
+ * checked the 2^r nearest tokens on its path and points at the next, so GDN_MAX_TOKENS paths take
+ * log2(GDN_MAX_TOKENS) rounds, not a pass over the tokens. */
+__device__ __forceinline__ gdn__row_plan plan_row_by_lanes(const int32_t *token_counts, const int32_t *parents, int T, int64_t i,
+                                                           int lane, bool &chain)
+{
+    static_assert(GDN_MAX_TOKENS <= 32, "a token a lane");
+    const int32_t up = parents && lane < T ? parents[i * T + lane] : lane - 1;
+    gdn__row_plan plan = {T, 0u, 0};
+    chain = true;
+    if (token_counts) {
+        const int32_t n = token_counts[i];
+        if (n < 1 || n > T) {
+            plan.n = 0, plan.bad = 1;
+            return plan;
+        }
+        plan.n = n;
+    }
+    const bool runs = lane < plan.n, ok = up >= -1 && up < lane;
+    plan.bad = __any_sync(0xffffffffu, runs && !ok) ? 1 : 0;
+    chain = __all_sync(0xffffffffu, !runs || up == lane - 1);
+    bool good = runs && ok; /* so far: every token checked on the path is in range */
+    int next = good ? up : -1; /* the next token on the path to check (-1: the root is passed) */
+#pragma unroll
+    for (int reach = 1; reach < GDN_MAX_TOKENS; reach *= 2) {
+        const int from = next >= 0 ? next : 0;
+        const bool next_good = __shfl_sync(0xffffffffu, good, from);
+        const int next_next = __shfl_sync(0xffffffffu, next, from);
+        if (next >= 0) good = good && next_good, next = next_next;
+    }
+    plan.live = __ballot_sync(0xffffffffu, good);
     return plan;
 }
 
@@ -395,33 +436,50 @@ __device__ __forceinline__ void node_chunk(const float *top, const float *bottom
 /* For the tensor-core form below (own tokens T <= 16): with N[t][j] = beta_t g_t ck[t][j] and
  * P[t][j] = g_t cq[t][j] for j an ancestor of t, P[t][t] = kq_t, the corrections are
  * U = (I + N)^-1 R, R_t = beta_t (v_t - g_t c0_t B k^_t), and the outputs O = g c0 B q^ + P U, so
- * M = P (I + N)^-1 turns a set's corrections and outputs into one product M R. Warp 0 forms it, lane m
- * (m < T) column m, row by row: a node's ancestors come before it, and the tree is uniform over the
- * warp, so the loops do not diverge. M is stored [T][T] at ts.matrices (uown is unused once the pairs
- * are formed), (I + N)^-1 after it (in registers it would spill the rows, live here); padding tokens'
- * rows and columns are zero. Ends with a barrier. */
+ * M = P (I + N)^-1 turns a set's corrections and outputs into one product M R. Entry [t][m] of
+ * (I + N)^-1 and of M needs only the entries [j][m] of t's ancestors j, so the entries are formed
+ * in rounds by t's depth, every warp for its own columns m (a lane's columns two at a time, over
+ * one walk of t's ancestors; the rounds sync the warp only), each sum over t's ancestors in index
+ * order. M is stored [T][T] at
+ * ts.matrices (uown is unused once the pairs are formed), (I + N)^-1 after it (in registers it
+ * would spill the rows, live here); padding tokens' rows and columns are zero. Ends with a barrier. */
 __device__ __forceinline__ void tree_path_matrix(const tree_shared &ts, const shared_tokens &s, uint32_t live, int T, int own0,
-                                                 int rows, int lane, int warp)
+                                                 int rows, int lane, int warp, int warps)
 {
-    if (warp == 0 && lane < T) {
-        const int m = lane;
-        float *const product = ts.matrices(T, rows), *const inverse = product + T * T; /* M, (I + N)^-1: [t][m] */
-        for (int t = 0; t < T; t++) {
-            float acc = 0.0f, sum = 0.0f;
-            if ((live >> t) & 1u) {
-                const float g = s.gate[own0 + t], beta_g = s.beta[own0 + t] * g;
-                acc = m == t ? 1.0f : 0.0f;
-                for (uint32_t rest = ts.ancestors[t]; rest; rest &= rest - 1) {
-                    const int j = __ffs(rest) - 1;
-                    const float wj = inverse[j * T + m];
-                    acc = fmaf(-beta_g * ts.ck[t * T + j], wj, acc);
-                    sum = fmaf(ts.cq[t * T + j], wj, sum);
+    float *const product = ts.matrices(T, rows), *const inverse = product + T * T; /* M, (I + N)^-1: [t][m] */
+    const int t = lane % 16, half = lane / 16;
+    const bool has_row = t < T;
+    const uint32_t ancestors = has_row ? ts.ancestors[t] : 0u;
+    const int depth = __popc(ancestors), deepest = __reduce_max_sync(0xffffffffu, has_row ? depth : 0);
+    const bool is_live = has_row && ((live >> t) & 1u);
+    const float g = is_live ? s.gate[own0 + t] : 0.0f, beta_g = is_live ? s.beta[own0 + t] * g : 0.0f;
+    const float kq = is_live ? s.kq[t] : 0.0f;
+    for (int round = 0; round <= deepest; round++) {
+        if (has_row && depth == round)
+            for (int m0 = warp + half * warps; m0 < T; m0 += 4 * warps) { /* two columns at once: m0 and m1 */
+                const int m1 = m0 + 2 * warps;
+                const bool on0 = is_live && (m0 == t || ((ancestors >> m0) & 1u)); /* else m is not on t's path: zero */
+                const bool on1 = is_live && m1 < T && (m1 == t || ((ancestors >> m1) & 1u));
+                float acc0 = m0 == t ? 1.0f : 0.0f, acc1 = m1 == t ? 1.0f : 0.0f, sum0 = 0.0f, sum1 = 0.0f;
+                if (on0 || on1) {
+                    for (uint32_t rest = ancestors; rest; rest &= rest - 1) {
+                        const int j = __ffs(rest) - 1;
+                        const float n = -beta_g * ts.ck[t * T + j], c = ts.cq[t * T + j];
+                        const float w0 = inverse[j * T + m0], w1 = m1 < T ? inverse[j * T + m1] : 0.0f;
+                        acc0 = fmaf(n, w0, acc0);
+                        sum0 = fmaf(c, w0, sum0);
+                        acc1 = fmaf(n, w1, acc1);
+                        sum1 = fmaf(c, w1, sum1);
+                    }
                 }
-                sum = fmaf(g, sum, s.kq[t] * acc);
+                inverse[t * T + m0] = on0 ? acc0 : 0.0f;
+                product[t * T + m0] = on0 ? fmaf(g, sum0, kq * acc0) : 0.0f;
+                if (m1 < T) {
+                    inverse[t * T + m1] = on1 ? acc1 : 0.0f;
+                    product[t * T + m1] = on1 ? fmaf(g, sum1, kq * acc1) : 0.0f;
+                }
             }
-            inverse[t * T + m] = acc;
-            product[t * T + m] = sum;
-        }
+        __syncwarp();
     }
     __syncthreads();
 }
