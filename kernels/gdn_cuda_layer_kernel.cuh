@@ -373,7 +373,11 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     /* Fold: prepared tokens 0..store_tokens-1 are slot r's stored tokens (the first pending[r] of
      * them, its accepted tokens of its last verify, are folded), own token t is prepared token
      * own0 + t. All stored tokens are staged, whatever pending[r] is, so that no read waits for
-     * another: read_slots[i], then the tokens, pending[r] and the state all in flight together. */
+     * another: read_slots[i], then the tokens, pending[r] and the state all in flight together. The
+     * big bf16 instance (large grids, where a CTA's instructions and L2 reads count more than one
+     * round trip) stages only the first pending[r], those its folds use, once its state loads are
+     * issued (bench/results/2026-11-27-h100-tree-path-rounds.md). */
+    constexpr bool STAGE_PENDING_ONLY = BIG_TREE && sizeof(S) == 2;
     const int own0 = FOLD ? p.store_tokens : 0;
     const int tokens = own0 + T;
     const int keep_heads = kept_heads<KEEP_KEYS>(p);
@@ -411,7 +415,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             if (window_async) stage_window_async<I>(p, mc, raw, r);
             if (norm) copy_words_async(norm_w_sh, p.mixer.norm_weight, V * 4);
         }
-        for (int j = warp; j < own0; j += warps) {
+        for (int j = warp; j < (STAGE_PENDING_ONLY ? 0 : own0); j += warps) {
             const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
             if (conv)
                 stage_conv_row<K, I>(mc, raw + (size_t)(window_rows + j) * mc.pitch, tb, lane);
@@ -440,6 +444,14 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * not wait for the count (most steps find none). */
     const int ring_records = RING ? min(max(p.ring_count[r], 0), p.ring_capacity) : 0;
     load_rows<K, S, Geo>(src, st, row0, glane);
+    if constexpr (STAGE_PENDING_ONLY) { /* (each by the warp that prepares it, as above) */
+        const int pending_tokens = max(0, min(p.pending[r], own0));
+        for (int j = warp; j < pending_tokens; j += warps) {
+            const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
+            stage_token<K, I, false>(s, j, 0, tb + (int64_t)kh * K, nullptr,
+                                     tb + gdn__token_v_offset(HK, K) + (int64_t)h * V + tile_row0, cta_rows, lane);
+        }
+    }
     if (conv && !window_async) stage_window<I>(p, mc, raw, r); /* plain loads, behind the state's */
     /* KEEP_KEYS (the fold verify on small grids): every read of slot r's count and stored tokens
      * completes before the wait (gdn_op.h: the preceding kernel writes none of them), and then the CTA
