@@ -674,8 +674,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
          * copy (exact: v converted from I and back; the preparation above read slot r's rows before
          * the barrier, and no other CTA reads these rows). */
         I *store = static_cast<I *>(p.token_store);
-        /* The big bf16 instance stores 16-byte vectors where every token's rows allow them (the others
-         * measured slower so: fp32 state's 16-token chains, the small grids' 36-layer verify). */
+        /* The big bf16 instance stores 16-byte vectors where every token's rows allow them; the small
+         * grids' 36-layer verify measured slower so, and the fp32 instances were not measured apart. */
         constexpr int VW = 16 / (int)sizeof(I);
         static_assert(VW == 8, "2-byte inputs");
         I *const v_rows = store + w * p.store_tokens * token_elems + gdn__token_v_offset(HK, K) + (int64_t)h * V + tile_row0;

@@ -177,9 +177,9 @@ __device__ __forceinline__ void tree_token(const float (&st)[Geo::RT][Geo::NV][G
 /* ---------------------------------------------------------------------------------------------- */
 
 /* gdn__plan_row for row i, with the row's T parents read at once (every load in flight, not one round
- * trip a token), and whether its first n tokens form a chain (row_is_chain). The same plan. The big
- * fp32 instances' plan: plan_row_by_lanes (below) measured 2-3% slower there on 16-token chains,
- * which do not even run it (a code-generation effect, not understood). */
+ * trip a token), and whether its first n tokens form a chain (row_is_chain). The same plan; the big
+ * fp32 instances' (plan_row_by_lanes, below, measured 2-3% slower there on 16-token chains, which do
+ * not run it: a code-generation effect, not understood). */
 __device__ __forceinline__ gdn__row_plan plan_row_at_once(const int32_t *token_counts, const int32_t *parents, int T, int64_t i,
                                                           bool &chain)
 {
@@ -207,14 +207,12 @@ __device__ __forceinline__ gdn__row_plan plan_row_at_once(const int32_t *token_c
     return plan;
 }
 
-
-/* gdn__plan_row for row i, computed by a warp's lanes (lane t: token t; every lane of the warp calls
- * it, and gets the same plan), and whether its first n tokens form a chain (row_is_chain). The
- * big bf16 instances' plan: in the small instances the lanes' values took up to 9 more registers
- * (with small spills) beside code that small grids depend on, so they keep gdn__plan_row. The parents are read
- * at once, one a lane, and a token's path is checked by pointer jumping: after round r a lane has
- * checked the 2^r nearest tokens on its path and points at the next, so GDN_MAX_TOKENS paths take
- * log2(GDN_MAX_TOKENS) rounds, not a pass over the tokens. */
+/* The same for the big bf16 instances, computed by a warp's lanes (lane t: token t; every lane of
+ * the warp calls it and gets the same plan). The parents are read at once, one a lane, and a token's
+ * path is checked by pointer jumping: after round r a lane has checked the 2^r nearest tokens on its
+ * path and points at the next, so GDN_MAX_TOKENS paths take log2(GDN_MAX_TOKENS) rounds, not a pass
+ * over the tokens. (The small instances keep gdn__plan_row: there the lanes' values took up to 9
+ * more registers, with small spills, in code that small grids depend on.) */
 __device__ __forceinline__ gdn__row_plan plan_row_by_lanes(const int32_t *token_counts, const int32_t *parents, int T, int64_t i,
                                                            int lane, bool &chain)
 {
@@ -440,9 +438,9 @@ __device__ __forceinline__ void node_chunk(const float *top, const float *bottom
  * (I + N)^-1 and of M needs only the entries [j][m] of t's ancestors j, so the entries are formed
  * in rounds by t's depth, every warp for its own columns m (a lane's columns two at a time, over
  * one walk of t's ancestors; the rounds sync the warp only), each sum over t's ancestors in index
- * order. M is stored [T][T] at
- * ts.matrices (uown is unused once the pairs are formed), (I + N)^-1 after it (in registers it
- * would spill the rows, live here); padding tokens' rows and columns are zero. Ends with a barrier. */
+ * order. M is stored [T][T] at ts.matrices (uown is unused once the pairs are formed), (I + N)^-1
+ * after it (in registers it would spill the rows, live here); padding tokens' rows and columns are
+ * zero. Ends with a barrier. */
 __device__ __forceinline__ void tree_path_matrix(const tree_shared &ts, const shared_tokens &s, uint32_t live, int T, int own0,
                                                  int rows, int lane, int warp, int warps)
 {
