@@ -314,6 +314,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     /* The fold verify's big instance runs a tree in the big instances' form (gdn_cuda_tree.cuh); the
      * others keep the form they were measured with. */
     constexpr bool BIG_TREE = FOLD && SHARED && !ONE_TOKEN && !MIXER && !KEEP_KEYS && REGS == big_regs<S>();
+    /* Its bf16 form: the lane plan, the vector v store and the staging of the folded tokens only
+     * (bench/results/2026-11-27-h100-tree-path-rounds.md; the other instances measured slower so). */
+    constexpr bool BIG_BF16 = BIG_TREE && sizeof(S) == 2;
     extern __shared__ __align__(16) float smem[];
 
     const int lane = threadIdx.x & 31;
@@ -354,7 +357,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const bool planned = T > 0 && !out_of_range && r >= 0 && (p.token_counts || p.parents);
     bool row_chain = true; /* (BIG_TREE) */
     if (planned) {
-        if constexpr (BIG_TREE && sizeof(S) == 2) plan = plan_row_by_lanes(p.token_counts, p.parents, T, i, lane, row_chain);
+        if constexpr (BIG_BF16) plan = plan_row_by_lanes(p.token_counts, p.parents, T, i, lane, row_chain);
         else if constexpr (BIG_TREE) plan = plan_row_at_once(p.token_counts, p.parents, T, i, row_chain);
         else plan = gdn__plan_row(p.token_counts, p.parents, T, i, nullptr);
         if (plan.bad && p.error_flag && blockIdx.x == 0 && threadIdx.x == 0) *p.error_flag = 1;
@@ -376,8 +379,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * another: read_slots[i], then the tokens, pending[r] and the state all in flight together. The
      * big bf16 instance (large grids, where a CTA's instructions and L2 reads count more than one
      * round trip) stages only the first pending[r], those its folds use, once its state loads are
-     * issued (bench/results/2026-11-27-h100-tree-path-rounds.md). */
-    constexpr bool STAGE_PENDING_ONLY = BIG_TREE && sizeof(S) == 2;
+     * issued. */
     const int own0 = FOLD ? p.store_tokens : 0;
     const int tokens = own0 + T;
     const int keep_heads = kept_heads<KEEP_KEYS>(p);
@@ -415,7 +417,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             if (window_async) stage_window_async<I>(p, mc, raw, r);
             if (norm) copy_words_async(norm_w_sh, p.mixer.norm_weight, V * 4);
         }
-        for (int j = warp; j < (STAGE_PENDING_ONLY ? 0 : own0); j += warps) {
+        for (int j = warp; j < (BIG_BF16 ? 0 : own0); j += warps) {
             const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
             if (conv)
                 stage_conv_row<K, I>(mc, raw + (size_t)(window_rows + j) * mc.pitch, tb, lane);
@@ -444,7 +446,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * not wait for the count (most steps find none). */
     const int ring_records = RING ? min(max(p.ring_count[r], 0), p.ring_capacity) : 0;
     load_rows<K, S, Geo>(src, st, row0, glane);
-    if constexpr (STAGE_PENDING_ONLY) { /* (each by the warp that prepares it, as above) */
+    if constexpr (BIG_BF16) { /* the stored tokens that the folds use (above) */
         const int pending_tokens = max(0, min(p.pending[r], own0));
         for (int j = warp; j < pending_tokens; j += warps) {
             const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
@@ -674,12 +676,12 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
          * copy (exact: v converted from I and back; the preparation above read slot r's rows before
          * the barrier, and no other CTA reads these rows). */
         I *store = static_cast<I *>(p.token_store);
-        /* The big bf16 instance stores 16-byte vectors where every token's rows allow them; the small
-         * grids' 36-layer verify measured slower so, and the fp32 instances were not measured apart. */
+        /* The big bf16 instance stores 16-byte vectors where every token's rows allow them (the small
+         * grids' 36-layer verify measured slower so; the fp32 instances were not measured apart). */
         constexpr int VW = 16 / (int)sizeof(I);
         static_assert(VW == 8, "2-byte inputs");
         I *const v_rows = store + w * p.store_tokens * token_elems + gdn__token_v_offset(HK, K) + (int64_t)h * V + tile_row0;
-        if (BIG_TREE && sizeof(S) == 2 && cta_rows % VW == 0 && token_elems % VW == 0 &&
+        if (BIG_BF16 && cta_rows % VW == 0 && token_elems % VW == 0 &&
             (reinterpret_cast<uintptr_t>(v_rows) & 15) == 0) {
             const int chunks = cta_rows / VW;
             for (int e = threadIdx.x; e < T * chunks; e += blockDim.x) {
