@@ -409,6 +409,15 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const bool local_norm = norm && tiles_per_head == 1;
     const bool window_async = conv && window_rows_contiguous(p.mixer);
     const int64_t token_elems = conv ? gdn__mixer_token_elems(p.mixer.conv_dim, HV) : gdn__token_elems(HK, HV, K, V);
+    /* Slot r's stored token j into shared memory: its raw inputs with the conv, else k and v. */
+    const auto stage_stored = [&](int j) {
+        const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
+        if (conv)
+            stage_conv_row<K, I>(mc, raw + (size_t)(window_rows + j) * mc.pitch, tb, lane);
+        else
+            stage_token<K, I, false>(s, j, 0, tb + (int64_t)kh * K, nullptr,
+                                     tb + gdn__token_v_offset(HK, K) + (int64_t)h * V + tile_row0, cta_rows, lane);
+    };
     /* Before the wait for the preceding kernel (which writes this step's inputs; overlap_preceding):
      * only what no kernel of the step writes before this one, slot r's stored tokens, window and state. */
     if constexpr (SHARED) {
@@ -417,14 +426,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             if (window_async) stage_window_async<I>(p, mc, raw, r);
             if (norm) copy_words_async(norm_w_sh, p.mixer.norm_weight, V * 4);
         }
-        for (int j = warp; j < (BIG_BF16 ? 0 : own0); j += warps) {
-            const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
-            if (conv)
-                stage_conv_row<K, I>(mc, raw + (size_t)(window_rows + j) * mc.pitch, tb, lane);
-            else
-                stage_token<K, I, false>(s, j, 0, tb + (int64_t)kh * K, nullptr,
-                                         tb + gdn__token_v_offset(HK, K) + (int64_t)h * V + tile_row0, cta_rows, lane);
-        }
+        for (int j = warp; j < (BIG_BF16 ? 0 : own0); j += warps) stage_stored(j);
     }
 
     /* Load every owned state row of the first set before the first use: RT * NV independent 16-byte
@@ -448,11 +450,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     load_rows<K, S, Geo>(src, st, row0, glane);
     if constexpr (BIG_BF16) { /* the stored tokens that the folds use (above) */
         const int pending_tokens = max(0, min(p.pending[r], own0));
-        for (int j = warp; j < pending_tokens; j += warps) {
-            const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
-            stage_token<K, I, false>(s, j, 0, tb + (int64_t)kh * K, nullptr,
-                                     tb + gdn__token_v_offset(HK, K) + (int64_t)h * V + tile_row0, cta_rows, lane);
-        }
+        for (int j = warp; j < pending_tokens; j += warps) stage_stored(j);
     }
     if (conv && !window_async) stage_window<I>(p, mc, raw, r); /* plain loads, behind the state's */
     /* KEEP_KEYS (the fold verify on small grids): every read of slot r's count and stored tokens

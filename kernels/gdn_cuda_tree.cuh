@@ -186,16 +186,9 @@ __device__ __forceinline__ gdn__row_plan plan_row_at_once(const int32_t *token_c
     int32_t parent[GDN_MAX_TOKENS];
 #pragma unroll
     for (int t = 0; t < GDN_MAX_TOKENS; t++) parent[t] = parents && t < T ? parents[i * T + t] : t - 1;
-    gdn__row_plan plan = {T, 0u, 0};
+    gdn__row_plan plan = gdn__plan_start(token_counts, T, i);
     chain = true;
-    if (token_counts) {
-        const int32_t n = token_counts[i];
-        if (n < 1 || n > T) {
-            plan.n = 0, plan.bad = 1;
-            return plan;
-        }
-        plan.n = n;
-    }
+    if (plan.bad) return plan;
 #pragma unroll
     for (int t = 0; t < GDN_MAX_TOKENS; t++) {
         if (t >= plan.n) break;
@@ -218,16 +211,9 @@ __device__ __forceinline__ gdn__row_plan plan_row_by_lanes(const int32_t *token_
 {
     static_assert(GDN_MAX_TOKENS <= 32, "a token a lane");
     const int32_t up = parents && lane < T ? parents[i * T + lane] : lane - 1;
-    gdn__row_plan plan = {T, 0u, 0};
+    gdn__row_plan plan = gdn__plan_start(token_counts, T, i);
     chain = true;
-    if (token_counts) {
-        const int32_t n = token_counts[i];
-        if (n < 1 || n > T) {
-            plan.n = 0, plan.bad = 1;
-            return plan;
-        }
-        plan.n = n;
-    }
+    if (plan.bad) return plan;
     const bool runs = lane < plan.n, ok = up >= -1 && up < lane;
     plan.bad = __any_sync(0xffffffffu, runs && !ok) ? 1 : 0;
     chain = __all_sync(0xffffffffu, !runs || up == lane - 1);

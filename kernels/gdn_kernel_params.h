@@ -411,18 +411,24 @@ typedef struct gdn__row_plan {
     int32_t bad;
 } gdn__row_plan;
 
-static inline GDN__HOST_DEVICE gdn__row_plan gdn__plan_row(const int32_t *token_counts, const int32_t *parents, int32_t T,
-                                                           int64_t i, int32_t *parent)
+/* A row plan's start: n from row i's count (T without counts); a count outside 1..T makes the row
+ * padding (n = 0, bad). The callers then check the tokens' parents unless n is 0. */
+static inline GDN__HOST_DEVICE gdn__row_plan gdn__plan_start(const int32_t *token_counts, int32_t T, int64_t i)
 {
     gdn__row_plan plan = {T, 0u, 0};
     if (token_counts) {
         const int32_t n = token_counts[i];
-        if (n < 1 || n > T) {
-            plan.n = 0, plan.bad = 1;
-            return plan;
-        }
-        plan.n = n;
+        plan.n = n < 1 || n > T ? 0 : n;
+        plan.bad = plan.n == 0;
     }
+    return plan;
+}
+
+static inline GDN__HOST_DEVICE gdn__row_plan gdn__plan_row(const int32_t *token_counts, const int32_t *parents, int32_t T,
+                                                           int64_t i, int32_t *parent)
+{
+    gdn__row_plan plan = gdn__plan_start(token_counts, T, i);
+    if (plan.bad) return plan;
     for (int32_t t = 0; t < plan.n && t < GDN_MAX_TOKENS; t++) {
         const int32_t p = parents ? parents[i * T + t] : t - 1;
         const int ok = p >= -1 && p < t;
