@@ -60,6 +60,36 @@ __device__ __forceinline__ bool row_is_chain(const int32_t *parents, int64_t i, 
 /* Lanes that share one pair of tokens' dot products in the coefficient pass (a short reduction). */
 #define GDN__PAIR_LANES 8
 
+/* k^_j.k^_t and k^_j.q^_t over a group of PL lanes (pl: the lane's place in it), every lane of the
+ * group getting both sums. */
+template <int K, int PL>
+__device__ __forceinline__ void pair_dots(const float *kj, const float *kt, const float *qt, int pl, float &dk, float &dq)
+{
+    dk = 0.0f, dq = 0.0f;
+#pragma unroll 1 /* few registers: the state rows are already held */
+    for (int e = 0; e < K / (4 * PL); e++) {
+        const int at = (e * PL + pl) * 4;
+        const float4 x = *reinterpret_cast<const float4 *>(kj + at), y = *reinterpret_cast<const float4 *>(kt + at),
+                     z = *reinterpret_cast<const float4 *>(qt + at);
+        dk = fmaf(x.x, y.x, fmaf(x.y, y.y, fmaf(x.z, y.z, fmaf(x.w, y.w, dk))));
+        dq = fmaf(x.x, z.x, fmaf(x.y, z.y, fmaf(x.z, z.z, fmaf(x.w, z.w, dq))));
+    }
+    dk = group_sum<PL>(dk);
+    dq = group_sum<PL>(dq);
+}
+
+/* sum + coef[j] u_j over the ancestors j of a token, lowest first (u_j: token j's correction of
+ * row `local`, in ts.uown): every form's order, so that they agree. */
+__device__ __forceinline__ float ancestor_sum(uint32_t ancestors, const float *coef, const float *uown, int rows, int local,
+                                             float sum)
+{
+    for (uint32_t rest = ancestors; rest; rest &= rest - 1) {
+        const int j = __ffs(rest) - 1;
+        sum = fmaf(coef[j], uown[(size_t)j * rows + local], sum);
+    }
+    return sum;
+}
+
 /* The coefficients above from the prepared own tokens (own token t: k^ at s.khat row own0 + t, q^
  * at s.qhat row t) and ts.logd (each own token's log decay, written before the barrier that precedes
  * this call). Each own token's path (thread t) and each pair j < t with j on t's path (a group of
@@ -98,17 +128,8 @@ __device__ void tree_coefficients(const tree_shared &ts, const shared_tokens &s,
         }
         if (!__any_sync(0xffffffffu, on_path)) continue; /* uniform over the warp: the sums below shuffle */
         const float *kj = s.khat + (size_t)(own0 + j) * K, *kt = s.khat + (size_t)(own0 + t) * K, *qt = s.qhat + (size_t)t * K;
-        float dk = 0.0f, dq = 0.0f;
-#pragma unroll 1 /* few registers: the state rows are already held */
-        for (int e = 0; e < K / (4 * PL); e++) {
-            const int at = (e * PL + pl) * 4;
-            const float4 x = *reinterpret_cast<const float4 *>(kj + at), y = *reinterpret_cast<const float4 *>(kt + at),
-                         z = *reinterpret_cast<const float4 *>(qt + at);
-            dk = fmaf(x.x, y.x, fmaf(x.y, y.y, fmaf(x.z, y.z, fmaf(x.w, y.w, dk))));
-            dq = fmaf(x.x, z.x, fmaf(x.y, z.y, fmaf(x.z, z.z, fmaf(x.w, z.w, dq))));
-        }
-        dk = group_sum<PL>(dk);
-        dq = group_sum<PL>(dq);
+        float dk, dq;
+        pair_dots<K, PL>(kj, kt, qt, pl, dk, dq);
         if (on_path && pl == 0) {
             const float f = expf(log_factor);
             ts.ck[t * T + j] = f * dk, ts.cq[t * T + j] = f * dq;
@@ -279,17 +300,8 @@ __device__ void tree_coefficients_listed(const tree_shared &ts, const shared_tok
         const int m = min(m0 + lane / PL, total - 1);
         const int pair = pairs[m], t = pair >> 8, j = pair & 0xff;
         const float *kj = s.khat + (size_t)(own0 + j) * K, *kt = s.khat + (size_t)(own0 + t) * K, *qt = s.qhat + (size_t)t * K;
-        float dk = 0.0f, dq = 0.0f;
-#pragma unroll 1
-        for (int e = 0; e < K / (4 * PL); e++) {
-            const int at = (e * PL + pl) * 4;
-            const float4 x = *reinterpret_cast<const float4 *>(kj + at), y = *reinterpret_cast<const float4 *>(kt + at),
-                         z = *reinterpret_cast<const float4 *>(qt + at);
-            dk = fmaf(x.x, y.x, fmaf(x.y, y.y, fmaf(x.z, y.z, fmaf(x.w, y.w, dk))));
-            dq = fmaf(x.x, z.x, fmaf(x.y, z.y, fmaf(x.z, z.z, fmaf(x.w, z.w, dq))));
-        }
-        dk = group_sum<PL>(dk);
-        dq = group_sum<PL>(dq);
+        float dk, dq;
+        pair_dots<K, PL>(kj, kt, qt, pl, dk, dq);
         if (m0 + lane / PL < total && pl == 0) {
             const float f = ts.ck[t * T + j];
             ts.ck[t * T + j] = f * dk, ts.cq[t * T + j] = f * dq;
@@ -374,11 +386,7 @@ __device__ __forceinline__ void tree_set_scattered(const float (&st)[Geo::RT][Ge
 #pragma unroll
         for (int v = 0; v < MV; v++) {
             const int local = set_local_row0 + (rt0 + v) * G;
-            float sum = base_coef * x[v];
-            for (uint32_t rest = ancestors; rest; rest &= rest - 1) {
-                const int j = __ffs(rest) - 1;
-                sum = fmaf(coef[j], ts.uown[(size_t)j * rows + local], sum);
-            }
+            const float sum = ancestor_sum(ancestors, coef, ts.uown, rows, local, base_coef * x[v]);
             const float u = beta * (s.v[(size_t)(own0 + t) * rows + local] - g * sum); /* the k lanes' */
             const float u_k = __shfl_xor_sync(0xffffffffu, u, L / 2);                  /* the q lanes' partner's */
             if (writer) {
@@ -695,11 +703,7 @@ __device__ __forceinline__ void tree_set_mma_split(float (&st)[Geo::RT][Geo::NV]
 #pragma unroll
                 for (int rt = 0; rt < RT; rt++) {
                     const int local = warp_local_row0 + rt * G + q;
-                    float sum = base_coef * dk[rt][sl];
-                    for (uint32_t rest = ancestors; rest; rest &= rest - 1) { /* tree_token's order */
-                        const int j = __ffs(rest) - 1;
-                        sum = fmaf(coef[j], ts.uown[(size_t)j * rows + local], sum);
-                    }
+                    const float sum = ancestor_sum(ancestors, coef, ts.uown, rows, local, base_coef * dk[rt][sl]);
                     ts.uown[(size_t)t * rows + local] = beta * (s.v[(size_t)(own0 + t) * rows + local] - g * sum);
                 }
             }
@@ -721,11 +725,7 @@ __device__ __forceinline__ void tree_set_mma_split(float (&st)[Geo::RT][Geo::NV]
             const int local = warp_local_row0 + rt * G + q;
             float o = 0.0f;
             if (is_live) {
-                float sum = base_coef * dq[rt][sl];
-                for (uint32_t rest = ancestors; rest; rest &= rest - 1) {
-                    const int j = __ffs(rest) - 1;
-                    sum = fmaf(coef[j], ts.uown[(size_t)j * rows + local], sum);
-                }
+                const float sum = ancestor_sum(ancestors, coef, ts.uown, rows, local, base_coef * dq[rt][sl]);
                 o = g * sum + ts.uown[(size_t)t * rows + local] * kq;
             }
             out[out_base + t * out_token_stride + warp_row0 + rt * G + q] = gdn__from_f32<O>(o);
