@@ -162,7 +162,11 @@ void gdn__conv_pool_strides(const gdn_engine_config *c, int64_t *slot, int64_t *
 static gdn_verify_strategy resolved_strategy(const gdn_engine_config *c)
 {
     if (c->verify_strategy != GDN_VERIFY_AUTO) return c->verify_strategy;
-    return c->max_tokens > 1 && c->max_batch >= 16 ? GDN_VERIFY_FOLD : GDN_VERIFY_CACHE;
+    if (c->max_tokens <= 1) return GDN_VERIFY_CACHE;
+    if (gdn__config_mixer_on(c)) return c->max_batch >= 16 ? GDN_VERIFY_FOLD : GDN_VERIFY_CACHE;
+    /* without the mixer the cache wins only two-token verifies of one or two rows with bf16 state */
+    const int cache_wins = c->state_dtype == GDN_DTYPE_BF16 && c->max_tokens == 2 && c->max_batch <= 2;
+    return cache_wins ? GDN_VERIFY_CACHE : GDN_VERIFY_FOLD;
 }
 
 int32_t gdn__mixer_scratch_tokens(const gdn_engine_config *c)

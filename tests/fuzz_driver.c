@@ -1641,7 +1641,8 @@ static int attach(fz *f)
     f->cfg = r;
     if (gdn_engine_backend(f->e) != GDN_BACKEND_CPU) return fail(f, "backend is not CPU"), 0;
     gdn_verify_strategy want = f->req.verify_strategy;
-    if (want == GDN_VERIFY_AUTO) want = f->MT > 1 && f->MB >= 16 ? GDN_VERIFY_FOLD : GDN_VERIFY_CACHE;
+    if (want == GDN_VERIFY_AUTO) /* (no mixer here) */
+        want = f->MT <= 1 || (f->sd == GDN_DTYPE_BF16 && f->MT == 2 && f->MB <= 2) ? GDN_VERIFY_CACHE : GDN_VERIFY_FOLD;
     if (r->verify_strategy != want) return fail(f, "resolved strategy %d, expected %d", (int)r->verify_strategy, (int)want), 0;
     f->strategy = r->verify_strategy;
     if (r->ring_length != (f->req.ring_length ? f->req.ring_length : GDN_DEFAULT_RING_LENGTH))

@@ -232,22 +232,32 @@ Test(config, ring_length_zero_resolves_to_the_default_and_the_ring_replaces_the_
     gdn_engine_destroy(e);
 }
 
-Test(config, auto_strategy_is_fold_for_drafts_at_batch_16_and_up)
+Test(config, auto_strategy_follows_the_measured_rule)
 {
-    const struct { int32_t max_tokens, max_batch; gdn_verify_strategy expected; } cases[] = {
-        {1, 16, GDN_VERIFY_CACHE},  {2, 16, GDN_VERIFY_FOLD}, {4, 32, GDN_VERIFY_FOLD},
-        {GDN_MAX_TOKENS, 16, GDN_VERIFY_FOLD}, {4, 8, GDN_VERIFY_CACHE}, {4, 15, GDN_VERIFY_CACHE}};
+    /* bench/results/2026-11-27-h100-auto-strategy.md: without the mixer FOLD for every draft except
+     * two-token drafts of one or two rows with bf16 state; with the mixer FOLD from max_batch 16 */
+    const struct { int32_t max_tokens, max_batch; gdn_dtype state; int mixer; gdn_verify_strategy expected; } cases[] = {
+        {1, 16, GDN_DTYPE_F32, 0, GDN_VERIFY_CACHE},  {1, 1, GDN_DTYPE_BF16, 0, GDN_VERIFY_CACHE},
+        {2, 1, GDN_DTYPE_F32, 0, GDN_VERIFY_FOLD},    {2, 1, GDN_DTYPE_BF16, 0, GDN_VERIFY_CACHE},
+        {2, 2, GDN_DTYPE_BF16, 0, GDN_VERIFY_CACHE},  {2, 3, GDN_DTYPE_BF16, 0, GDN_VERIFY_FOLD},
+        {3, 1, GDN_DTYPE_BF16, 0, GDN_VERIFY_FOLD},   {4, 8, GDN_DTYPE_F32, 0, GDN_VERIFY_FOLD},
+        {GDN_MAX_TOKENS, 16, GDN_DTYPE_BF16, 0, GDN_VERIFY_FOLD},
+        {4, 8, GDN_DTYPE_F32, 1, GDN_VERIFY_CACHE},   {4, 15, GDN_DTYPE_BF16, 1, GDN_VERIFY_CACHE},
+        {2, 16, GDN_DTYPE_BF16, 1, GDN_VERIFY_FOLD},  {1, 32, GDN_DTYPE_F32, 1, GDN_VERIFY_CACHE}};
     for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
         gdn_engine_config c = valid();
         c.verify_strategy = GDN_VERIFY_AUTO;
         c.max_tokens = cases[n].max_tokens;
         c.max_batch = cases[n].max_batch;
         c.num_slots = cases[n].max_batch;
+        c.state_dtype = cases[n].state;
+        if (cases[n].mixer) c.mixer.conv_width = 4, c.mixer.conv_weight_dtype = GDN_DTYPE_F32, c.mixer.use_norm = 1;
         cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
         gdn_engine *e = NULL;
         cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
-        cr_assert_eq(gdn_engine_get_config(e)->verify_strategy, cases[n].expected, "max_tokens %d, max_batch %d",
-                     c.max_tokens, c.max_batch);
+        cr_assert_eq(gdn_engine_get_config(e)->verify_strategy, cases[n].expected,
+                     "max_tokens %d, max_batch %d, state %d, mixer %d", c.max_tokens, c.max_batch, (int)c.state_dtype,
+                     cases[n].mixer);
         gdn_memory_report r;
         cr_assert_eq(gdn_engine_memory(e, &r), GDN_OK);
         /* what each strategy allocates, so the choice is not only a reported label */
