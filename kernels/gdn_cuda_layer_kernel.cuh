@@ -918,7 +918,10 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
      * one-warp CTAs run serially (B = 1, qwen3-next, T = 4: 1024 one-warp CTAs, each a ~9 us chain of
      * ~3200 instructions). */
     constexpr int MAX_WARPS = cta_warps_max<S, REGS, ONE_TOKEN>();
-    if (MAX_WARPS > 4 && ctas(4, sets) < GDN__SMALL_GRID_CTAS)
+    /* The mixer's decode CTAs each also stage their key head's q and k window and run its conv, a
+     * cost per CTA: it takes the larger CTAs on grids up to twice as large. */
+    constexpr int64_t MORE_WARPS_BELOW = MIXER && ONE_TOKEN ? 2 * GDN__SMALL_GRID_CTAS : GDN__SMALL_GRID_CTAS;
+    if (MAX_WARPS > 4 && ctas(4, sets) < MORE_WARPS_BELOW)
         warps = warps_for<Geo>(p, sets, GDN__DECODE_GRID_CTAS, MAX_WARPS);
     else
         warps = warps_for<Geo>(p, sets, SHARED ? GDN__SMALL_GRID_CTAS / 4 : GDN__SMALL_GRID_CTAS);
