@@ -919,7 +919,8 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
      * ~3200 instructions). */
     constexpr int MAX_WARPS = cta_warps_max<S, REGS, ONE_TOKEN>();
     /* The mixer's decode CTAs each also stage their key head's q and k window and run its conv, a
-     * cost per CTA: it takes the larger CTAs on grids up to twice as large. */
+     * cost per CTA: it takes the larger CTAs on grids up to twice as large
+     * (bench/results/2026-11-27-h100-mixer-decode-wave.md). */
     constexpr int64_t MORE_WARPS_BELOW = MIXER && ONE_TOKEN ? 2 * GDN__SMALL_GRID_CTAS : GDN__SMALL_GRID_CTAS;
     if (MAX_WARPS > 4 && ctas(4, sets) < MORE_WARPS_BELOW)
         warps = warps_for<Geo>(p, sets, GDN__DECODE_GRID_CTAS, MAX_WARPS);
