@@ -926,6 +926,23 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         warps = warps_for<Geo>(p, sets, GDN__DECODE_GRID_CTAS, MAX_WARPS);
     else
         warps = warps_for<Geo>(p, sets, SHARED ? GDN__SMALL_GRID_CTAS / 4 : GDN__SMALL_GRID_CTAS);
+    /* The mixer's decode, whose CTAs each also stage their key head's q and k window and run its
+     * conv: more row sets a CTA where that brings its grid into one wave (a second wave of them
+     * costs as much again), else as above. */
+    if constexpr (MIXER && ONE_TOKEN && SETS > 1) {
+        /* a memo for each (sets, warps) pair it may ask about, so that launches outside graphs ask
+         * the runtime once each */
+        static std::atomic<uint64_t> decode_memo[3 * 4];
+        const auto one_wave = [&](int s) {
+            const int slot = (s >= 4 ? 2 : s - 1) * 4 + (warps >= 8 ? 3 : warps >= 4 ? 2 : warps - 1);
+            return in_one_wave(kernel, warps * 32, smem_for(warps, s * warps * Geo::ROWS_PER_WARP), ctas(warps, s),
+                               decode_memo[slot]);
+        };
+        int wave_sets = sets;
+        while (wave_sets < SETS && p->V % (2 * wave_sets * warps * Geo::ROWS_PER_WARP) == 0 && !one_wave(wave_sets))
+            wave_sets *= 2;
+        if (wave_sets > sets && one_wave(wave_sets)) sets = wave_sets;
+    }
     const int cta_rows = sets * warps * Geo::ROWS_PER_WARP;
     const int tiles_per_head = p->V / cta_rows;
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
