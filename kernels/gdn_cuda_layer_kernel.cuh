@@ -609,8 +609,11 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         else gdn__copy_async_wait_all();
         if (conv) {
             __syncthreads(); /* the whole raw sequence (each thread waited for its own copies) */
-            conv_pass<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s,
-                         p.parents ? p.parents + i * T : nullptr);
+            if (!ONE_TOKEN && !p.parents)
+                conv_pass_sliding<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s);
+            else
+                conv_pass_gathered<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s,
+                                      p.parents ? p.parents + i * T : nullptr);
             __syncthreads();
             for (int j = warp; j < tokens; j += warps) {
                 if (j >= own0) normalise_token<K, true>(p, s, j, j - own0, lane);
@@ -853,7 +856,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                                token_elems, 0, 2 * K);
         }
         if (local_norm && T > 0) {
-            finish_norm<I, O, false>(p, i, h, T, o_sh, V, z_sh, norm_w_sh, out, out_base);
+            finish_norm<I, O, false, !ONE_TOKEN>(p, i, h, T, o_sh, V, z_sh, norm_w_sh, out, out_base);
         } else if (norm && T > 0) {
             /* every thread's o before the count: the barrier above, then thread 0's fence (cumulative;
              * counting in before the state stores instead, with a barrier in the set loop, was
@@ -865,8 +868,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             __syncthreads();
             if (head_last_cta) {
                 __threadfence();
-                finish_norm<I, O, true>(p, i, h, T, p.mixer.norm_scratch + (i * T * HV + h) * (int64_t)V, (int64_t)HV * V,
-                                        z_sh, norm_w_sh, out, out_base);
+                finish_norm<I, O, true, !ONE_TOKEN>(p, i, h, T, p.mixer.norm_scratch + (i * T * HV + h) * (int64_t)V,
+                                                    (int64_t)HV * V, z_sh, norm_w_sh, out, out_base);
             }
         }
     }

@@ -180,15 +180,21 @@ __device__ __forceinline__ float conv_param(const void *base, gdn_dtype dtype, i
                                   : gdn__to_f32(static_cast<const __nv_bfloat16 *>(base)[at]);
 }
 
+/* SiLU, x sigmoid(x): the conv's activation and the norm's gate. */
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
 /* The conv over the raw sequence, every channel of the CTA by one thread: SiLU(bias + sum_j w[c, j]
  * seq[P - W + 1 + j][c]) for the folded tokens (k and v channels; their q is not used) and the own
  * tokens, into the prepared rows (k^ and q^ before their norms, v final). With a token tree
  * (row_parents: the row's parents, or NULL for a chain) an own token's taps follow its path: its
- * parent, grandparent, ..., then the positions before the own tokens. The caller syncs. */
+ * parent, grandparent, ..., then the positions before the own tokens. Each output gathers its taps
+ * (the decode's one position a channel; trees); a chain verify slides them (conv_pass_sliding). The
+ * caller syncs. */
 template <typename I>
-__device__ __forceinline__ void conv_pass(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
-                                          const char *weights_sh, const char *bias_sh, const mixer_sequence &seq, int T,
-                                          shared_tokens &s, const int32_t *row_parents)
+__device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
+                                                   const char *weights_sh, const char *bias_sh,
+                                                   const mixer_sequence &seq, int T, shared_tokens &s,
+                                                   const int32_t *row_parents)
 {
     const gdn__mixer_params &m = p.mixer;
     const int W = m.conv_width, K = mc.K;
@@ -218,7 +224,7 @@ __device__ __forceinline__ void conv_pass(const gdn__layer_params &p, const mixe
             for (int j = 0; j < GDN__MAX_CONV_WIDTH; j++)
                 if (j < W)
                     acc = fmaf(w[j], gdn__to_f32(raw[seq.physical(at[GDN__MAX_CONV_WIDTH - W + j]) * mc.pitch + c]), acc);
-            return acc / (1.0f + expf(-acc));
+            return silu(acc);
         };
         for (int j = c < K ? seq.folds : 0; j < seq.folds; j++) { /* folded tokens: k and v */
             const float y = conv_at(seq.window_rows + j);
@@ -231,6 +237,50 @@ __device__ __forceinline__ void conv_pass(const gdn__layer_params &p, const mixe
             if (c < K) s.qhat[(size_t)t * K + c] = y;
             else if (c < 2 * K) s.khat[(size_t)j * K + (c - K)] = y;
             else s.v[(size_t)j * mc.rows + (c - 2 * K)] = y;
+        }
+    }
+}
+
+/* The same conv for a chain verify (no parents): every channel's taps slide along its sequence in
+ * registers, one shared read a position instead of W. Weights and taps are aligned to the newest
+ * tap (index GDN__MAX_CONV_WIDTH - 1), so that the runtime W indexes nothing at run time. */
+template <typename I>
+__device__ __forceinline__ void conv_pass_sliding(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
+                                                  const char *weights_sh, const char *bias_sh, const mixer_sequence &seq,
+                                                  int T, shared_tokens &s)
+{
+    constexpr int MW = GDN__MAX_CONV_WIDTH;
+    const gdn__mixer_params &m = p.mixer;
+    const int W = m.conv_width, K = mc.K;
+    const int own_start = seq.window_rows + seq.folds; /* logical position of own token 0 */
+    const int length = own_start + T;
+    for (int c = threadIdx.x; c < mc.width; c += blockDim.x) {
+        float w[MW];
+#pragma unroll
+        for (int j = 0; j < MW; j++)
+            w[j] = j >= MW - W ? conv_param(weights_sh, m.conv_weight_dtype, (int64_t)c * W + j - (MW - W)) : 0.0f;
+        const float bias = m.conv_bias ? conv_param(bias_sh, m.conv_weight_dtype, c) : 0.0f;
+        /* The output at a logical position goes to prepared token own0 + t for own token t (q^: row
+         * t), to folded token j for the one at window_rows + j (k and v only). */
+        const bool is_q = c < K, is_k = !is_q && c < 2 * K;
+        float *const dst = is_q ? s.qhat + c : is_k ? s.khat + (c - K) : s.v + (c - 2 * K);
+        const int stride = is_k || is_q ? K : mc.rows;
+        const int own_row0 = is_q ? 0 : seq.own0;
+        const int first = is_q ? own_start : seq.window_rows;
+        float x[MW];
+#pragma unroll
+        for (int j = 0; j < MW; j++) x[j] = 0.0f;
+        for (int at = first - (W - 1); at < length; at++) { /* (first - (W - 1) >= 0: the window) */
+#pragma unroll
+            for (int j = 0; j + 1 < MW; j++) x[j] = x[j + 1];
+            x[MW - 1] = gdn__to_f32(raw[seq.physical(at) * mc.pitch + c]);
+            if (at < first) continue;
+            float acc = bias;
+#pragma unroll
+            for (int j = 0; j < MW; j++)
+                if (j >= MW - W) acc = fmaf(w[j], x[j], acc);
+            const int row = at < own_start ? at - seq.window_rows : own_row0 + (at - own_start);
+            dst[(size_t)row * stride] = silu(acc);
         }
     }
 }
@@ -308,34 +358,55 @@ __device__ __forceinline__ bool arrive_last(uint32_t *count, uint32_t expected)
 /* The gated RMSNorm of head h of row i: y = o rsqrt(mean_V(o^2) + eps) w silu(z) for each of the T
  * tokens, with z and w staged in shared memory. o is token t's [V] at o + t * o_token_stride: the
  * CTA's own shared copy when it holds the whole head, else the fp32 scratch every CTA of the head
- * left (each wrote, fenced, then counted in; read through L2 by the head's last CTA). */
-template <typename I, typename O, bool FROM_SCRATCH>
+ * left (each wrote, fenced, then counted in; read through L2 by the head's last CTA). A decode's
+ * token is reduced by every thread; with WARP_PER_TOKEN (a verify's tokens) one warp reduces a token,
+ * so that one barrier serves them all. */
+template <typename I, typename O, bool FROM_SCRATCH, bool WARP_PER_TOKEN>
 __device__ __forceinline__ void finish_norm(const gdn__layer_params &p, int64_t i, int h, int T, const float *o,
                                             int64_t o_token_stride, const I *z_sh, const float *norm_w_sh, O *out,
                                             int64_t out_base)
 {
-    __shared__ float partial[32];
     const gdn__mixer_params &m = p.mixer;
     const int V = p.V, warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float eps = m.norm_eps > 0.0f ? m.norm_eps : 1e-6f;
-    for (int t = 0; t < T; t++) {
+    const auto store = [&](int t, float scale) {
         const float *ot = o + t * o_token_stride;
-        float ss = 0.0f;
-        for (int c = threadIdx.x; c < V; c += blockDim.x) {
-            const float x = FROM_SCRATCH ? __ldcg(ot + c) : ot[c];
-            ss = fmaf(x, x, ss);
-        }
-        ss = group_sum<32>(ss);
-        if (lane == 0) partial[warp] = ss;
-        __syncthreads();
-        float total = 0.0f;
-        for (int n = 0; n < warps; n++) total += partial[n];
-        __syncthreads(); /* partial is reused by the next token */
-        const float scale = rsqrtf(total / (float)V + eps);
         for (int c = threadIdx.x; c < V; c += blockDim.x) {
             const float zc = gdn__to_f32(z_sh[(size_t)t * V + c]);
             const float x = FROM_SCRATCH ? __ldcg(ot + c) : ot[c];
-            out[out_base + t * p.out_strides.token + c] = gdn__from_f32<O>(x * scale * norm_w_sh[c] * (zc / (1.0f + expf(-zc))));
+            out[out_base + t * p.out_strides.token + c] = gdn__from_f32<O>(x * scale * norm_w_sh[c] * silu(zc));
+        }
+    };
+    if constexpr (WARP_PER_TOKEN) {
+        __shared__ float scales[GDN_MAX_TOKENS];
+        for (int t = warp; t < T; t += warps) {
+            const float *ot = o + t * o_token_stride;
+            float ss = 0.0f;
+            for (int c = lane; c < V; c += 32) {
+                const float x = FROM_SCRATCH ? __ldcg(ot + c) : ot[c];
+                ss = fmaf(x, x, ss);
+            }
+            ss = group_sum<32>(ss);
+            if (lane == 0) scales[t] = rsqrtf(ss / (float)V + eps);
+        }
+        __syncthreads();
+        for (int t = 0; t < T; t++) store(t, scales[t]);
+    } else {
+        __shared__ float partial[32];
+        for (int t = 0; t < T; t++) {
+            const float *ot = o + t * o_token_stride;
+            float ss = 0.0f;
+            for (int c = threadIdx.x; c < V; c += blockDim.x) {
+                const float x = FROM_SCRATCH ? __ldcg(ot + c) : ot[c];
+                ss = fmaf(x, x, ss);
+            }
+            ss = group_sum<32>(ss);
+            if (lane == 0) partial[warp] = ss;
+            __syncthreads();
+            float total = 0.0f;
+            for (int n = 0; n < warps; n++) total += partial[n];
+            __syncthreads(); /* partial is reused by the next token */
+            store(t, rsqrtf(total / (float)V + eps));
         }
     }
 }
