@@ -77,7 +77,7 @@ class OpLayer(C.Structure):
                 ("mixer", C.POINTER(Mixer)), ("x", View), ("z", View), ("A_log", C.c_void_p), ("dt_bias", C.c_void_p),
                 ("pool", StatePool), ("read_slots", C.c_void_p), ("write_slots", C.c_void_p), ("error_flag", C.c_void_p),
                 ("strategy", C.c_int), ("workspace", C.c_void_p), ("max_batch", C.c_int32), ("max_tokens", C.c_int32),
-                ("ring_length", C.c_int32), ("overlap_preceding", C.c_int32),
+                ("ring_length", C.c_int32), ("ring_write_through", C.c_int32), ("overlap_preceding", C.c_int32),
                 ("token_counts", C.c_void_p), ("parents", C.c_void_p)]  # gdn_op_layer, field for field
 
 
