@@ -253,9 +253,10 @@ template <typename S, int REGS, bool ONE_TOKEN, bool STAGED> constexpr int resid
  * (bench/results/2026-11-26-h100-fold-verify-sets.md), from two to eight tokens (16-token chains and
  * trees ran slower): two sets a CTA down to 512 CTAs, down to 256 (two an SM) from four tokens; four
  * sets only where they come down to 256, from three tokens; the big fp32 instance's longer sets not
- * below 1024 CTAs at two tokens. The launcher takes more sets only where the grid still runs in one
- * wave (in_one_wave: the mixer's shared memory grows with the CTA's rows), and fewer not for the
- * mixer (each of its CTAs also runs the conv of its key head's channels).
+ * below 1024 CTAs at two tokens (except the mixer's, whose CTAs each also run their key head's conv:
+ * bench/results/2026-11-27-h100-mixer-verify-conv.md). The launcher takes more sets only where the
+ * grid still runs in one wave (in_one_wave: the mixer's shared memory grows with the CTA's rows), and
+ * fewer not for the mixer (each of its CTAs also runs the conv of its key head's channels).
  * `ctas(s)`: the grid of s sets of four warps, 0 where they do not divide V. */
 template <int SETS, typename Ctas> inline int staged_verify_sets(int sets, int T, bool long_sets, const Ctas &ctas)
 {
@@ -909,7 +910,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     while (sets > 1 && (p->V % (sets * warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
         sets /= 2;
     if constexpr (SETS > 1 && !ONE_TOKEN) { /* the staged verify: fold, and the mixer's */
-        const int more = staged_verify_sets<SETS>(sets, T, sizeof(S) == 4 && REGS == big_regs<S>(),
+        const int more = staged_verify_sets<SETS>(sets, T, !MIXER && sizeof(S) == 4 && REGS == big_regs<S>(),
                                                   [&](int s) { return p->V % (s * 4 * Geo::ROWS_PER_WARP) == 0 ? ctas(4, s) : 0; });
         static std::atomic<uint64_t> occupancy_memo{0};
         if (more > sets ? in_one_wave(kernel, 128, smem_for(4, more * 4 * Geo::ROWS_PER_WARP), ctas(4, more), occupancy_memo)
