@@ -163,7 +163,9 @@ static gdn_verify_strategy resolved_strategy(const gdn_engine_config *c)
 {
     if (c->verify_strategy != GDN_VERIFY_AUTO) return c->verify_strategy;
     if (c->max_tokens <= 1) return GDN_VERIFY_CACHE;
-    if (gdn__config_mixer_on(c)) return c->max_batch >= 16 ? GDN_VERIFY_FOLD : GDN_VERIFY_CACHE;
+    /* with the mixer the cache wins small engines: bf16 state below max_batch 16, fp32 below 4 */
+    if (gdn__config_mixer_on(c))
+        return c->max_batch >= (c->state_dtype == GDN_DTYPE_F32 ? 4 : 16) ? GDN_VERIFY_FOLD : GDN_VERIFY_CACHE;
     /* without the mixer the cache wins only two-token verifies of one or two rows with bf16 state */
     const int cache_wins = c->state_dtype == GDN_DTYPE_BF16 && c->max_tokens == 2 && c->max_batch <= 2;
     return cache_wins ? GDN_VERIFY_CACHE : GDN_VERIFY_FOLD;

@@ -235,15 +235,18 @@ Test(config, ring_length_zero_resolves_to_the_default_and_the_ring_replaces_the_
 Test(config, auto_strategy_follows_the_measured_rule)
 {
     /* bench/results/2026-11-27-h100-auto-strategy.md: without the mixer FOLD for every draft except
-     * two-token drafts of one or two rows with bf16 state; with the mixer FOLD from max_batch 16 */
+     * two-token drafts of one or two rows with bf16 state; with the mixer FOLD from max_batch 16, with
+     * fp32 state from 4 (2026-11-27-h100-mixer-verify-conv.md) */
     const struct { int32_t max_tokens, max_batch; gdn_dtype state; int mixer; gdn_verify_strategy expected; } cases[] = {
         {1, 16, GDN_DTYPE_F32, 0, GDN_VERIFY_CACHE},  {1, 1, GDN_DTYPE_BF16, 0, GDN_VERIFY_CACHE},
         {2, 1, GDN_DTYPE_F32, 0, GDN_VERIFY_FOLD},    {2, 1, GDN_DTYPE_BF16, 0, GDN_VERIFY_CACHE},
         {2, 2, GDN_DTYPE_BF16, 0, GDN_VERIFY_CACHE},  {2, 3, GDN_DTYPE_BF16, 0, GDN_VERIFY_FOLD},
         {3, 1, GDN_DTYPE_BF16, 0, GDN_VERIFY_FOLD},   {4, 8, GDN_DTYPE_F32, 0, GDN_VERIFY_FOLD},
         {GDN_MAX_TOKENS, 16, GDN_DTYPE_BF16, 0, GDN_VERIFY_FOLD},
-        {4, 8, GDN_DTYPE_F32, 1, GDN_VERIFY_CACHE},   {4, 15, GDN_DTYPE_BF16, 1, GDN_VERIFY_CACHE},
-        {2, 16, GDN_DTYPE_BF16, 1, GDN_VERIFY_FOLD},  {1, 32, GDN_DTYPE_F32, 1, GDN_VERIFY_CACHE}};
+        {4, 8, GDN_DTYPE_F32, 1, GDN_VERIFY_FOLD},    {4, 4, GDN_DTYPE_F32, 1, GDN_VERIFY_FOLD},
+        {4, 3, GDN_DTYPE_F32, 1, GDN_VERIFY_CACHE},   {4, 8, GDN_DTYPE_BF16, 1, GDN_VERIFY_CACHE},
+        {4, 15, GDN_DTYPE_BF16, 1, GDN_VERIFY_CACHE}, {2, 16, GDN_DTYPE_BF16, 1, GDN_VERIFY_FOLD},
+        {1, 32, GDN_DTYPE_F32, 1, GDN_VERIFY_CACHE}};
     for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
         gdn_engine_config c = valid();
         c.verify_strategy = GDN_VERIFY_AUTO;

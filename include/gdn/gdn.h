@@ -152,9 +152,9 @@ typedef enum gdn_verify_strategy {
     GDN_VERIFY_FOLD = 1,
     /* The default (gdn_engine_config_init). With max_tokens > 1: without the mixer FOLD, except
      * CACHE for bf16 state with max_tokens 2 and max_batch <= 2; with the mixer FOLD from max_batch
-     * 16, else CACHE. With max_tokens 1, CACHE. (The measurements behind the choice:
-     * bench/results/2026-11-27-h100-auto-strategy.md.) AUTO never picks RING. gdn_engine_get_config
-     * reports the choice. */
+     * 16 (fp32 state: from 4), else CACHE. With max_tokens 1, CACHE. (The measurements behind the
+     * choice: bench/results/2026-11-27-h100-auto-strategy.md, 2026-11-27-h100-mixer-verify-conv.md.)
+     * AUTO never picks RING. gdn_engine_get_config reports the choice. */
     GDN_VERIFY_AUTO = 2,
     /* Each slot keeps, per layer, a checkpoint state (the pool) and a ring of up to ring_length
      * recent token records (k and a as given, and the token's fp32 correction u; SPEC 3 and the
