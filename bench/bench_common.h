@@ -76,6 +76,7 @@ int gdn_bench_engine_main(int argc, char **argv);                      /* bench_
 int gdn_bench_strategies_main(int argc, char **argv);                  /* bench_strategies.c */
 int gdn_bench_drift_main(int argc, char **argv);                       /* bench_drift.c */
 int gdn_bench_tree_main(int argc, char **argv);                        /* bench_tree.c */
+int gdn_bench_ceilings_main(int argc, char **argv);                    /* bench_ceilings.cu */
 /* bench_separate.cu: the mixer's conv and gated norm as separate kernels around the recurrence (the
  * baseline of gdn-bench --engine --separate). x [rows][conv_dim], z and y [rows][HV][V] (rows = batch
  * x tokens), window [layers][num_slots][W - 1][conv_dim], weight [conv_dim][W], bias [conv_dim]: bf16;

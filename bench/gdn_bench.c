@@ -21,6 +21,8 @@
  *   gdn-bench --tree ...         per-row counts and token trees: verify + commit beside chains (bench_tree.c)
  *   gdn-bench --drift ...        bf16-state drift from a float64 run over thousands of decode steps,
  *                                per-token rounding vs the ring strategy (bench_drift.c)
+ *   gdn-bench --ceilings ...     plain read and read + write passes of the state's shape beside the
+ *                                copy ceiling: the floors of the decodes (bench_ceilings.cu)
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -694,7 +696,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: gdn-bench [--quick] [--preset a,b] [--state f32,bf16] [--batch 1,2,..] "
                     "[--tokens 1,2,..] [--commit] [--strided] [--no-time] [--reps N] [--json FILE]\n"
-                    "       gdn-bench --engine ... | --strategies ... | --drift ... | --tree ...  (each takes --help)\n");
+                    "       gdn-bench --engine ... | --strategies ... | --drift ... | --tree ... | --ceilings ...  (each takes --help)\n");
 }
 
 static void write_json(const char *path, const result *rs, int n, const char *gpu)
@@ -729,6 +731,7 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "--strategies")) return gdn_bench_strategies_main(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "--drift")) return gdn_bench_drift_main(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "--tree")) return gdn_bench_tree_main(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "--ceilings")) return gdn_bench_ceilings_main(argc - 1, argv + 1);
     if (load_model_presets()) {
         fprintf(stderr, "gdn-bench: gdn_model_preset failed\n");
         return 2;

@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
         const float l = token_log_decay(own_a, A, dt_bias);
         s.logd[h + threadIdx.x] = l;
         s.gown[threadIdx.x] = expf(l);
-        s.beta[threadIdx.x] = 1.0f / (1.0f + expf(-own_b));
+        s.beta[threadIdx.x] = token_beta(own_b);
     }
     for (int e = threadIdx.x; e < T * span_rows; e += blockDim.x) {
         const int t = e / span_rows, row = e % span_rows;

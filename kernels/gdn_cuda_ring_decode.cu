@@ -240,7 +240,7 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
             out[PREP_DECAY_ALL] = WRITE_BACK_OF_RECORDS ? (h > 0 ? expf(before) : 1.0f) : expf(after);
             out[PREP_KQ] = rk * rq * kq;
             out[PREP_DECAY] = expf(own_l);
-            out[PREP_BETA] = 1.0f / (1.0f + expf(-own_b));
+            out[PREP_BETA] = token_beta(own_b);
             if (!flush && append) reinterpret_cast<I *>(append + gdn__ring_a_offset(p.HK, K))[vh] = own_a;
         }
     }

@@ -68,10 +68,11 @@ __device__ __forceinline__ float token_log_decay(float a, float A, float dt_bias
     const float sp = x <= 20.0f ? log1pf(expf(x)) : x;
     return -A * sp;
 }
+__device__ __forceinline__ float token_beta(float b) { return 1.0f / (1.0f + expf(-b)); }
 __device__ __forceinline__ void token_gate(float a, float b, float A, float dt_bias, float &g, float &beta)
 {
     g = expf(token_log_decay(a, A, dt_bias));
-    beta = 1.0f / (1.0f + expf(-b));
+    beta = token_beta(b);
 }
 __device__ __forceinline__ float l2norm_scale(const gdn__layer_params &p, float xx)
 {
