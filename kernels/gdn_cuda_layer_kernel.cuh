@@ -942,10 +942,13 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
             return in_one_wave(kernel, warps * 32, smem_for(warps, s * warps * Geo::ROWS_PER_WARP), ctas(warps, s),
                                decode_memo[slot]);
         };
-        int wave_sets = sets;
-        while (wave_sets < SETS && p->V % (2 * wave_sets * warps * Geo::ROWS_PER_WARP) == 0 && !one_wave(wave_sets))
-            wave_sets *= 2;
-        if (wave_sets > sets && one_wave(wave_sets)) sets = wave_sets;
+        for (int s = sets;; s *= 2) { /* the fewest sets whose grid runs in one wave, each asked once */
+            if (one_wave(s)) {
+                sets = s;
+                break;
+            }
+            if (s >= SETS || p->V % (2 * s * warps * Geo::ROWS_PER_WARP) != 0) break;
+        }
     }
     const int cta_rows = sets * warps * Geo::ROWS_PER_WARP;
     const int tiles_per_head = p->V / cta_rows;
