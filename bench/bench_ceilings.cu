@@ -149,10 +149,17 @@ extern "C" int gdn_bench_ceilings_main(int argc, char **argv)
 {
     const char *presets = "qwen3-next,qwen3.5", *states = "f32,bf16";
     int batch[32] = {1, 4, 16, 64, 256, 512}, nbatch = 6, num_slots = 1024, layers = 8, samples = 20;
+    static const char usage[] =
+        "usage: gdn-bench --ceilings [--preset qwen3-next,qwen3.5] [--state f32,bf16] [--batch 1,4,16,64,256,512]\n"
+        "                            [--slots 1024] [--layers 8] [--samples 20]\n";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            printf("%s", usage);
+            return 0;
+        }
         if (!v) {
-            fprintf(stderr, "gdn-bench --ceilings: %s needs a value\n", a);
+            fprintf(stderr, "gdn-bench --ceilings: %s needs a value\n%s", a, usage);
             return 2;
         }
         if (!strcmp(a, "--preset")) presets = v;
@@ -162,9 +169,7 @@ extern "C" int gdn_bench_ceilings_main(int argc, char **argv)
         else if (!strcmp(a, "--layers")) layers = atoi(v);
         else if (!strcmp(a, "--samples")) samples = atoi(v);
         else {
-            fprintf(stderr,
-                    "usage: gdn-bench --ceilings [--preset qwen3-next,qwen3.5] [--state f32,bf16] [--batch 1,4,16,64,256,512]\n"
-                    "                            [--slots 1024] [--layers 8] [--samples 20]\n");
+            fprintf(stderr, "%s", usage);
             return 2;
         }
         i++;
