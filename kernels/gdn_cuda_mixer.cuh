@@ -369,11 +369,12 @@ __device__ __forceinline__ void finish_norm(const gdn__layer_params &p, int64_t 
     const gdn__mixer_params &m = p.mixer;
     const int V = p.V, warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float eps = m.norm_eps > 0.0f ? m.norm_eps : 1e-6f;
+    const auto o_at = [](const float *ot, int c) { return FROM_SCRATCH ? __ldcg(ot + c) : ot[c]; }; /* scratch: through L2 */
     const auto store = [&](int t, float scale) {
         const float *ot = o + t * o_token_stride;
         for (int c = threadIdx.x; c < V; c += blockDim.x) {
             const float zc = gdn__to_f32(z_sh[(size_t)t * V + c]);
-            const float x = FROM_SCRATCH ? __ldcg(ot + c) : ot[c];
+            const float x = o_at(ot, c);
             out[out_base + t * p.out_strides.token + c] = gdn__from_f32<O>(x * scale * norm_w_sh[c] * silu(zc));
         }
     };
@@ -383,7 +384,7 @@ __device__ __forceinline__ void finish_norm(const gdn__layer_params &p, int64_t 
             const float *ot = o + t * o_token_stride;
             float ss = 0.0f;
             for (int c = lane; c < V; c += 32) {
-                const float x = FROM_SCRATCH ? __ldcg(ot + c) : ot[c];
+                const float x = o_at(ot, c);
                 ss = fmaf(x, x, ss);
             }
             ss = group_sum<32>(ss);
@@ -397,7 +398,7 @@ __device__ __forceinline__ void finish_norm(const gdn__layer_params &p, int64_t 
             const float *ot = o + t * o_token_stride;
             float ss = 0.0f;
             for (int c = threadIdx.x; c < V; c += blockDim.x) {
-                const float x = FROM_SCRATCH ? __ldcg(ot + c) : ot[c];
+                const float x = o_at(ot, c);
                 ss = fmaf(x, x, ss);
             }
             ss = group_sum<32>(ss);
