@@ -27,15 +27,6 @@ extern "C" { /* the C declarations of bench_common.h (its system headers are in 
 #include "bench_common.h"
 }
 
-#define CEIL_TRY(x)                                                                                \
-    do {                                                                                           \
-        const cudaError_t err_ = (x);                                                              \
-        if (err_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "gdn-bench --ceilings: %s: %s\n", #x, cudaGetErrorString(err_));      \
-            return -1;                                                                             \
-        }                                                                                          \
-    } while (0)
-
 /* 16-byte pieces a lane reads of its tile, warps a CTA: 8 x 16 B x 32 lanes x 8 warps = 32 KB a CTA. */
 #define TILE_PIECES 8
 #define TILE_WARPS 8
@@ -74,21 +65,30 @@ __global__ void __launch_bounds__(TILE_WARPS * 32) state_tile_kernel(const char 
     if (lane == 0) out[(size_t)blockIdx.y * gridDim.x + blockIdx.x] = x;
 }
 
-static int time_graph(cudaGraphExec_t g, cudaStream_t s, int samples, double *us)
+/* Captures launch(s) into a graph and times `samples` replays after a warm-up one; *us: per replay. */
+template <typename Launch> static int time_captured(cudaStream_t s, int samples, Launch launch, double *us)
 {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
     cudaEvent_t e0, e1;
-    CEIL_TRY(cudaEventCreate(&e0));
-    CEIL_TRY(cudaEventCreate(&e1));
-    CEIL_TRY(cudaGraphLaunch(g, s)); /* warm-up */
-    CEIL_TRY(cudaEventRecord(e0, s));
-    for (int i = 0; i < samples; i++) CEIL_TRY(cudaGraphLaunch(g, s));
-    CEIL_TRY(cudaEventRecord(e1, s));
-    CEIL_TRY(cudaEventSynchronize(e1));
+    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    launch(s);
+    CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    CHECK_CUDA(cudaGraphLaunch(exec, s)); /* warm-up */
+    CHECK_CUDA(cudaEventRecord(e0, s));
+    for (int i = 0; i < samples; i++) CHECK_CUDA(cudaGraphLaunch(exec, s));
+    CHECK_CUDA(cudaEventRecord(e1, s));
+    CHECK_CUDA(cudaEventSynchronize(e1));
     float ms;
-    CEIL_TRY(cudaEventElapsedTime(&ms, e0, e1));
+    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
     *us = ms * 1e3 / samples;
-    CEIL_TRY(cudaEventDestroy(e0));
-    CEIL_TRY(cudaEventDestroy(e1));
+    CHECK_CUDA(cudaEventDestroy(e0));
+    CHECK_CUDA(cudaEventDestroy(e1));
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
     return 0;
 }
 
@@ -101,20 +101,14 @@ static int time_state_pass(int write, char **pools, int layers, const int *slots
     int launches = layers;
     while ((size_t)launches * per_launch < 4 * l2_bytes) launches += layers;
     const int groups = num_slots / B;
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CEIL_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int j = 0; j < launches; j++) {
-        char *pool = pools[j % layers];
-        const int *rows = slots + (size_t)(j / layers % groups) * B;
-        if (write) state_tile_kernel<true><<<grid, TILE_WARPS * 32, 0, s>>>(pool, pool, rows, slot_bytes, out);
-        else state_tile_kernel<false><<<grid, TILE_WARPS * 32, 0, s>>>(pool, NULL, rows, slot_bytes, out);
-    }
-    CEIL_TRY(cudaStreamEndCapture(s, &graph));
-    CEIL_TRY(cudaGraphInstantiate(&exec, graph, 0));
-    const int rc = time_graph(exec, s, samples, us);
-    CEIL_TRY(cudaGraphExecDestroy(exec));
-    CEIL_TRY(cudaGraphDestroy(graph));
+    const int rc = time_captured(s, samples, [&](cudaStream_t st) {
+        for (int j = 0; j < launches; j++) {
+            char *pool = pools[j % layers];
+            const int *rows = slots + (size_t)(j / layers % groups) * B;
+            if (write) state_tile_kernel<true><<<grid, TILE_WARPS * 32, 0, st>>>(pool, pool, rows, slot_bytes, out);
+            else state_tile_kernel<false><<<grid, TILE_WARPS * 32, 0, st>>>(pool, NULL, rows, slot_bytes, out);
+        }
+    }, us);
     *us /= launches;
     return rc;
 }
@@ -125,23 +119,17 @@ static int contiguous_read(cudaStream_t s, int samples, double *gbps)
     void *a = NULL;
     unsigned *sink = NULL;
     int sms = 0;
-    CEIL_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    CEIL_TRY(cudaMalloc(&a, bytes));
-    CEIL_TRY(cudaMalloc(&sink, sizeof(unsigned)));
-    CEIL_TRY(cudaMemsetAsync(a, 0, bytes, s));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CEIL_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    contiguous_read_kernel<<<sms * 4, 512, 0, s>>>(static_cast<const uint4 *>(a), bytes / 16, sink);
-    CEIL_TRY(cudaStreamEndCapture(s, &graph));
-    CEIL_TRY(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CHECK_CUDA(cudaMalloc(&a, bytes));
+    CHECK_CUDA(cudaMalloc(&sink, sizeof(unsigned)));
+    CHECK_CUDA(cudaMemsetAsync(a, 0, bytes, s));
     double us = 0;
-    const int rc = time_graph(exec, s, samples, &us);
+    const int rc = time_captured(s, samples, [&](cudaStream_t st) {
+        contiguous_read_kernel<<<sms * 4, 512, 0, st>>>(static_cast<const uint4 *>(a), bytes / 16, sink);
+    }, &us);
     *gbps = bytes / us / 1e3;
-    CEIL_TRY(cudaGraphExecDestroy(exec));
-    CEIL_TRY(cudaGraphDestroy(graph));
-    CEIL_TRY(cudaFree(a));
-    CEIL_TRY(cudaFree(sink));
+    CHECK_CUDA(cudaFree(a));
+    CHECK_CUDA(cudaFree(sink));
     return rc;
 }
 
@@ -186,9 +174,9 @@ extern "C" int gdn_bench_ceilings_main(int argc, char **argv)
         return 0;
     }
     cudaDeviceProp prop;
-    CEIL_TRY(cudaGetDeviceProperties(&prop, 0));
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
     cudaStream_t s;
-    CEIL_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     double copy_gbps = 0, read_gbps = 0;
     if (gdn_bench_copy_ceiling(s, &copy_gbps) || contiguous_read(s, samples, &read_gbps)) return 3;
     printf("# %s, %d SMs, L2 %.0f MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0);
@@ -209,8 +197,8 @@ extern "C" int gdn_bench_ceilings_main(int argc, char **argv)
         host_slots[j] = host_slots[k], host_slots[k] = t;
     }
     int *slots = NULL;
-    CEIL_TRY(cudaMalloc(&slots, sizeof(int) * (size_t)num_slots));
-    CEIL_TRY(cudaMemcpy(slots, host_slots, sizeof(int) * (size_t)num_slots, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMalloc(&slots, sizeof(int) * (size_t)num_slots));
+    CHECK_CUDA(cudaMemcpy(slots, host_slots, sizeof(int) * (size_t)num_slots, cudaMemcpyHostToDevice));
     free(host_slots);
 
     int rc = 0;
@@ -233,9 +221,9 @@ extern "C" int gdn_bench_ceilings_main(int argc, char **argv)
             if (slot_bytes % TILE_BYTES) continue; /* the tiles must cover a slot */
             char *pools[64] = {0};
             unsigned *out = NULL;
-            for (int l = 0; l < layers; l++) CEIL_TRY(cudaMalloc(&pools[l], slot_bytes * (size_t)num_slots));
-            for (int l = 0; l < layers; l++) CEIL_TRY(cudaMemsetAsync(pools[l], 0, slot_bytes * (size_t)num_slots, s));
-            CEIL_TRY(cudaMalloc(&out, sizeof(unsigned) * (size_t)max_b * (slot_bytes / TILE_BYTES)));
+            for (int l = 0; l < layers; l++) CHECK_CUDA(cudaMalloc(&pools[l], slot_bytes * (size_t)num_slots));
+            for (int l = 0; l < layers; l++) CHECK_CUDA(cudaMemsetAsync(pools[l], 0, slot_bytes * (size_t)num_slots, s));
+            CHECK_CUDA(cudaMalloc(&out, sizeof(unsigned) * (size_t)max_b * (slot_bytes / TILE_BYTES)));
             for (int j = 0; j < nbatch && !rc; j++) {
                 double r_us = 0, rw_us = 0;
                 rc = time_state_pass(0, pools, layers, slots, num_slots, batch[j], slot_bytes, (size_t)prop.l2CacheSize, out, s, samples,
@@ -247,11 +235,11 @@ extern "C" int gdn_bench_ceilings_main(int argc, char **argv)
                        bytes / r_us / 1e3, 100.0 * bytes / r_us / 1e3 / copy_gbps, rw_us, 2 * bytes / rw_us / 1e3,
                        100.0 * 2 * bytes / rw_us / 1e3 / copy_gbps);
             }
-            for (int l = 0; l < layers; l++) CEIL_TRY(cudaFree(pools[l]));
-            CEIL_TRY(cudaFree(out));
+            for (int l = 0; l < layers; l++) CHECK_CUDA(cudaFree(pools[l]));
+            CHECK_CUDA(cudaFree(out));
         }
     }
-    CEIL_TRY(cudaFree(slots));
-    CEIL_TRY(cudaStreamDestroy(s));
+    CHECK_CUDA(cudaFree(slots));
+    CHECK_CUDA(cudaStreamDestroy(s));
     return rc ? 3 : 0;
 }
