@@ -53,6 +53,14 @@ enum {
 /* ---------------------------------------------------------------------------------------------- */
 
 #define PREP_THREADS 128
+/* The streamed pass's preparation on grids of GDN__RING_PREP_NARROW_MIN_HEADS (row, value head) pairs
+ * and more: a warp a pair, so that a stream CTA fits beside the preparation's first wave and issues
+ * its first state copies while it runs (128-thread CTAs fill the SMs' registers there). On smaller
+ * grids the 128-thread form leaves that room and its shorter chain measured faster. */
+#define PREP_THREADS_BESIDE_STREAM 32
+#ifndef GDN__RING_PREP_NARROW_MIN_HEADS
+#define GDN__RING_PREP_NARROW_MIN_HEADS 1024
+#endif
 
 /* Inclusive prefix sum over the warp's lanes. */
 __device__ __forceinline__ float warp_inclusive_sum(float x, int lane)
@@ -263,7 +271,7 @@ __device__ __forceinline__ bool prep_row_slots(const gdn__layer_params &p, int64
     return r >= 0 && !gdn__row_slots_invalid(r, w, p.num_slots);
 }
 
-template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) ring_decode_prep_kernel(const gdn__layer_params p)
+template <int K, typename I, int THREADS> __global__ void __launch_bounds__(THREADS) ring_decode_prep_kernel(const gdn__layer_params p)
 {
     __shared__ float dot_k[GDN_MAX_RING_LENGTH], dot_q[GDN_MAX_RING_LENGTH], norm_of[GDN_MAX_RING_LENGTH + 1],
         logd[GDN_MAX_RING_LENGTH + 1];
@@ -279,14 +287,17 @@ template <int K, typename I> __global__ void __launch_bounds__(PREP_THREADS) rin
     const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, p.V), a_offset = gdn__ring_a_offset(HK, K);
     const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
     char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
-    prepare_decode<K, I, PREP_THREADS, false>(
+    /* One warp with bf16 inputs: the records' dot products on the tensor cores, 16 records a load round
+     * (whole m-tiles: records past the count, clamped into the ring, are read and discarded). */
+    constexpr bool MMA_DOTS = THREADS == 32 && std::is_same<I, __nv_bfloat16>::value;
+    prepare_decode<K, I, THREADS, MMA_DOTS>(
         p, (int)threadIdx.x, vh, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, 0, kh),
         static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, 0, kh),
         [&](int &h, bool &flush) {
             h = min(max(p.ring_count[r], 0), C);
             flush = r != w || h + 1 >= p.ring_length;
         },
-        [&](int j) { return reinterpret_cast<const I *>(ring_r + j * record_bytes) + (int64_t)kh * K; },
+        [&](int j) { return reinterpret_cast<const I *>(ring_r + (MMA_DOTS ? min(j, C - 1) : j) * record_bytes) + (int64_t)kh * K; },
         [&](int j) { return reinterpret_cast<const I *>(ring_r + j * record_bytes + a_offset)[vh]; }, own_a, own_b,
         p.A_log[vh], p.dt_bias[vh], ring_w, p.ring_prep + (i * HV + vh) * gdn__ring_prep_floats(C), gdn__ring_prep_stride(C), dot_k,
         dot_q, norm_of, logd,
@@ -1294,8 +1305,17 @@ static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stre
     static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
     GDN__CUDA_TRY(gdn__opt_in_shared(ring_decode_stream_kernel<K, S, I, O, MMA, TOK>, (int)budget, opted_in));
     if constexpr (!Lay::PREPARES) {
-        GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0, stream,
-                                  p->overlap_preceding != 0, *p));
+        /* GDN_RING_PREP_NARROW=0 or 1: the 128-thread or the one-warp preparation on every grid (A/B runs) */
+        static const int narrow_override = [] {
+            const char *e = getenv("GDN_RING_PREP_NARROW");
+            return !e ? -1 : e[0] == '1' ? 1 : e[0] == '0' ? 0 : -1;
+        }();
+        if (narrow_override >= 0 ? narrow_override == 1 : pairs >= GDN__RING_PREP_NARROW_MIN_HEADS)
+            GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I, PREP_THREADS_BESIDE_STREAM>, dim3((unsigned)p->HV, (unsigned)p->B),
+                                      dim3(PREP_THREADS_BESIDE_STREAM), 0, stream, p->overlap_preceding != 0, *p));
+        else
+            GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I, PREP_THREADS>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
+                                      stream, p->overlap_preceding != 0, *p));
     }
     GDN__CUDA_TRY(gdn__launch(ring_decode_stream_kernel<K, S, I, O, MMA, TOK>, dim3((unsigned)ctas), dim3(STREAM_THREADS(stream_groups<MMA>())), smem, stream,
                               p->overlap_preceding != 0, *p, (int)stages, runs, speculate));
@@ -1335,9 +1355,9 @@ static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream)
 
 /* The (row, value head) pairs for which a decode streams its state (the streamed pass): every grid
  * with bf16 state and bf16 inputs (the tensor-core form, which needs no preparation kernel), from
- * 1024 with other 2-byte cases, 512..2048 with fp32 state; elsewhere the register pass (or, on large
- * fp32 grids, the one-kernel step) measured faster (bench/results/2026-11-25-h100-ring-stream.md,
- * bench/results/2026-11-25-h100-ring-stream-mma.md, bench/results/2026-11-26-h100-ring-verify-prepares.md). */
+ * 1024 with other 2-byte cases, from 512 with fp32 state; elsewhere the register pass measured
+ * faster (bench/results/2026-11-25-h100-ring-stream.md, bench/results/2026-11-25-h100-ring-stream-mma.md,
+ * bench/results/2026-11-26-h100-ring-verify-prepares.md, bench/results/2026-11-28-h100-ring-decode-narrow-prep.md). */
 #ifndef GDN__RING_STREAM_MIN_HEADS_MMA
 #define GDN__RING_STREAM_MIN_HEADS_MMA 0
 #endif
@@ -1346,9 +1366,6 @@ static gdn_status launch_stream(const gdn__layer_params *p, cudaStream_t stream)
 #endif
 #ifndef GDN__RING_STREAM_MIN_HEADS_F32
 #define GDN__RING_STREAM_MIN_HEADS_F32 512
-#endif
-#ifndef GDN__RING_STREAM_MAX_HEADS_F32
-#define GDN__RING_STREAM_MAX_HEADS_F32 2048
 #endif
 
 /* Whether the streamed state pass runs: on the grids above, with sm_90 code (bulk copies), the
@@ -1369,7 +1386,7 @@ static bool stream_state_pass_applies(const gdn__layer_params *p)
     const int mode = stream_state_pass_override();
     if (mode != 0) return mode > 0;
     const int64_t pairs = (int64_t)p->B * p->HV;
-    if (p->state_dtype == GDN_DTYPE_F32) return pairs >= GDN__RING_STREAM_MIN_HEADS_F32 && pairs <= GDN__RING_STREAM_MAX_HEADS_F32;
+    if (p->state_dtype == GDN_DTYPE_F32) return pairs >= GDN__RING_STREAM_MIN_HEADS_F32;
     return pairs >= (stream_mma_applies(p) ? GDN__RING_STREAM_MIN_HEADS_MMA : GDN__RING_STREAM_MIN_HEADS_BF16);
 }
 
@@ -1388,7 +1405,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
             return GDN_OK;
         }
     }
-    GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
+    GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I, PREP_THREADS>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
                               stream, overlap, *p));
     const dim3 grid((unsigned)(p->HV * (p->V / (warps * Geo::ROWS_PER_WARP))), (unsigned)p->B);
     GDN__CUDA_TRY(gdn__launch(ring_decode_state_kernel<K, S, I, O, REGS>, grid, dim3(warps * 32), 0, stream, overlap, *p));

@@ -292,14 +292,16 @@ Test(gpu_fold, ring_small_decodes_write_through)
 }
 
 /* The ring decode's streamed state pass runs by default only from mid-size grids (2-byte state from
- * 1024 row-heads, fp32 512..2048); GDN_RING_STATE_PASS=stream puts every decode on it (sm_90 code;
- * its 64-row tiles divide the V of every preset here), so that the directed checks (write-backs at
- * every ring position, padding rows, slots outside the step) and small batches of both dtypes hold on
- * it too. Criterion runs each test in its own process: the setting stays in this test. */
+ * 1024 row-heads, fp32 from 512), its one-warp preparation from 1024; GDN_RING_STATE_PASS=stream puts
+ * every decode on it (sm_90 code; its 64-row tiles divide the V of every preset here) and
+ * GDN_RING_PREP_NARROW=1 gives it the one-warp preparation, so that the directed checks (write-backs
+ * at every ring position, padding rows, slots outside the step) and small batches of both dtypes hold
+ * on them too. Criterion runs each test in its own process: the settings stay in this test. */
 Test(gpu_fold, ring_streamed_state_pass_on_every_grid, .timeout = 900)
 {
     test_require_gpu();
     cr_assert_eq(setenv("GDN_RING_STATE_PASS", "stream", 1), 0);
+    cr_assert_eq(setenv("GDN_RING_PREP_NARROW", "1", 1), 0);
     ring_check_write_back_points_are_exact(GDN_BACKEND_CUDA);
     ring_check_slots_outside_the_step_and_padding_rows_are_bit_exact(GDN_BACKEND_CUDA);
     const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
