@@ -1256,6 +1256,13 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
 /* Launcher                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* The preparation kernel's launch: a CTA of THREADS threads per (row, value head). */
+template <int K, typename I, int THREADS> static cudaError_t launch_prep(const gdn__layer_params *p, cudaStream_t stream)
+{
+    return gdn__launch(ring_decode_prep_kernel<K, I, THREADS>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(THREADS), 0, stream,
+                       p->overlap_preceding != 0, *p);
+}
+
 /* The streamed state pass's launch, after the preparation kernel its form reads (none for the
  * tensor-core decode): STREAM_CTAS_PER_SM CTAs an SM, as many stages as the shared memory of each
  * holds, up to STREAM_MAX_STAGES; GDN_ENOTSUP, having launched nothing, when fewer than two fit or the
@@ -1311,11 +1318,9 @@ static gdn_status launch_stream_as(const gdn__layer_params *p, cudaStream_t stre
             return !e ? -1 : e[0] == '1' ? 1 : e[0] == '0' ? 0 : -1;
         }();
         if (narrow_override >= 0 ? narrow_override == 1 : pairs >= GDN__RING_PREP_NARROW_MIN_HEADS)
-            GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I, PREP_THREADS_BESIDE_STREAM>, dim3((unsigned)p->HV, (unsigned)p->B),
-                                      dim3(PREP_THREADS_BESIDE_STREAM), 0, stream, p->overlap_preceding != 0, *p));
+            GDN__CUDA_TRY((launch_prep<K, I, PREP_THREADS_BESIDE_STREAM>(p, stream)));
         else
-            GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I, PREP_THREADS>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
-                                      stream, p->overlap_preceding != 0, *p));
+            GDN__CUDA_TRY((launch_prep<K, I, PREP_THREADS>(p, stream)));
     }
     GDN__CUDA_TRY(gdn__launch(ring_decode_stream_kernel<K, S, I, O, MMA, TOK>, dim3((unsigned)ctas), dim3(STREAM_THREADS(stream_groups<MMA>())), smem, stream,
                               p->overlap_preceding != 0, *p, (int)stages, runs, speculate));
@@ -1405,8 +1410,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
             return GDN_OK;
         }
     }
-    GDN__CUDA_TRY(gdn__launch(ring_decode_prep_kernel<K, I, PREP_THREADS>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(PREP_THREADS), 0,
-                              stream, overlap, *p));
+    GDN__CUDA_TRY((launch_prep<K, I, PREP_THREADS>(p, stream)));
     const dim3 grid((unsigned)(p->HV * (p->V / (warps * Geo::ROWS_PER_WARP))), (unsigned)p->B);
     GDN__CUDA_TRY(gdn__launch(ring_decode_state_kernel<K, S, I, O, REGS>, grid, dim3(warps * 32), 0, stream, overlap, *p));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
