@@ -188,14 +188,11 @@ extern "C" int gdn_bench_ceilings_main(int argc, char **argv)
            "% copy");
 
     /* Random distinct slots for the rows. */
-    int *host_slots = static_cast<int *>(malloc(sizeof(int) * (size_t)num_slots));
+    int32_t *host_slots = static_cast<int32_t *>(malloc(sizeof(int32_t) * (size_t)num_slots));
     if (!host_slots) return 3;
     for (int j = 0; j < num_slots; j++) host_slots[j] = j;
     gdn_bench_rng_seed(35);
-    for (int j = num_slots - 1; j > 0; j--) {
-        const int k = (int)(gdn_bench_rng_next() % (uint64_t)(j + 1)), t = host_slots[j];
-        host_slots[j] = host_slots[k], host_slots[k] = t;
-    }
+    gdn_bench_shuffle(host_slots, num_slots);
     int *slots = NULL;
     CHECK_CUDA(cudaMalloc(&slots, sizeof(int) * (size_t)num_slots));
     CHECK_CUDA(cudaMemcpy(slots, host_slots, sizeof(int) * (size_t)num_slots, cudaMemcpyHostToDevice));

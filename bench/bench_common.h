@@ -71,6 +71,7 @@ int gdn_bench_copy_ceiling(cudaStream_t stream, double *gbps);         /* gdn_be
 void gdn_bench_rng_seed(uint64_t seed);
 uint64_t gdn_bench_rng_next(void);
 double gdn_bench_rng_normal(void); /* N(0, 1), Box-Muller */
+void gdn_bench_shuffle(int32_t *a, int n); /* Fisher-Yates, from the same source */
 int gdn_bench_fill_inputs(gdn_engine *e, const gdn_engine_config *c); /* bench_engine.c: random io */
 int gdn_bench_engine_main(int argc, char **argv);                      /* bench_engine.c */
 int gdn_bench_strategies_main(int argc, char **argv);                  /* bench_strategies.c */

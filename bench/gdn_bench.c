@@ -47,6 +47,14 @@ static gdn__rng bench_rng = {0x9e3779b97f4a7c15ull}; /* the tests' source (kerne
 void gdn_bench_rng_seed(uint64_t seed) { bench_rng = gdn__rng_seeded(seed); }
 uint64_t gdn_bench_rng_next(void) { return gdn__rng_next(&bench_rng); }
 double gdn_bench_rng_normal(void) { return gdn__rng_normal(&bench_rng); }
+void gdn_bench_shuffle(int32_t *a, int n)
+{
+    for (int i = n - 1; i > 0; i--) {
+        const int x = (int)(gdn_bench_rng_next() % (uint64_t)(i + 1));
+        const int32_t t = a[i];
+        a[i] = a[x], a[x] = t;
+    }
+}
 
 /* n elements of `dtype` drawn from sigma * N(0, 1). */
 static void fill_normal(void *dst, gdn_dtype dtype, int64_t n, double sigma)
@@ -581,11 +589,7 @@ static int time_case(const preset *pr, gdn_dtype sd, int B, int T, int do_commit
     for (int j = 0; j < inst; j++) {
         int32_t *row = slots + (size_t)j * B;
         for (int i = 0; i < B; i++) row[i] = j * B + i;
-        for (int i = B - 1; i > 0; i--) {
-            int x = (int)(gdn_bench_rng_next() % (uint64_t)(i + 1));
-            int32_t t = row[i];
-            row[i] = row[x], row[x] = t;
-        }
+        gdn_bench_shuffle(row, B);
     }
     for (int j = 0; j < T; j++)
         for (int i = 0; i < B; i++) acc[(size_t)j * B + i] = (i + j) % T + 1;
