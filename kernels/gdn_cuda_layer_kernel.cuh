@@ -255,7 +255,7 @@ template <typename S, int REGS, bool ONE_TOKEN, bool STAGED> constexpr int resid
  * sets only where they come down to 256, from three tokens; the big fp32 instance's longer sets not
  * below 1024 CTAs at two tokens (except the mixer's, whose CTAs each also run their key head's conv:
  * bench/results/2026-11-27-h100-mixer-verify-conv.md). The launcher takes more sets only where the
- * grid still runs in one wave (in_one_wave: the mixer's shared memory grows with the CTA's rows), and
+ * grid still runs in one wave (gdn__in_one_wave: the mixer's shared memory grows with the CTA's rows), and
  * fewer not for the mixer (each of its CTAs also runs the conv of its key head's channels).
  * `ctas(s)`: the grid of s sets of four warps, 0 where they do not divide V. */
 template <int SETS, typename Ctas> inline int staged_verify_sets(int sets, int T, bool long_sets, const Ctas &ctas)
@@ -269,33 +269,6 @@ template <int SETS, typename Ctas> inline int staged_verify_sets(int sets, int T
     }
     return sets;
 }
-/* Whether a grid of `ctas` CTAs of `threads` threads and `smem` bytes of shared memory all run at
- * once on this device (false when the runtime cannot tell). The occupancy is asked once per
- * (device, threads, smem) in a row: `memo` (the caller's, one per kernel) keeps the last answer. */
-template <typename Kernel>
-inline bool in_one_wave(Kernel kernel, int threads, size_t smem, int64_t ctas, std::atomic<uint64_t> &memo)
-{
-    int device = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    /* bit 63: valid; 62-55: device; 54-44: threads; 43-16: smem; 15-0: CTAs an SM */
-    const uint64_t key = (1ull << 63) | ((uint64_t)(device & 0xff) << 55) | ((uint64_t)(threads & 0x7ff) << 44) |
-                         ((uint64_t)(smem & 0xfffffff) << 16);
-    const uint64_t known = memo.load(std::memory_order_relaxed);
-    if ((known & ~0xffffull) == key) {
-        per_sm = (int)(known & 0xffff);
-    } else {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return false;
-        }
-        memo.store(key | (uint64_t)(per_sm & 0xffff), std::memory_order_relaxed);
-    }
-    return (int64_t)per_sm * sms >= ctas;
-}
-
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING, bool STAGED,
           bool KEEP_KEYS, bool EARLY_FOLD>
 __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
@@ -913,7 +886,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         const int more = staged_verify_sets<SETS>(sets, T, !MIXER && sizeof(S) == 4 && REGS == big_regs<S>(),
                                                   [&](int s) { return p->V % (s * 4 * Geo::ROWS_PER_WARP) == 0 ? ctas(4, s) : 0; });
         static std::atomic<uint64_t> occupancy_memo{0};
-        if (more > sets ? in_one_wave(kernel, 128, smem_for(4, more * 4 * Geo::ROWS_PER_WARP), ctas(4, more), occupancy_memo)
+        if (more > sets ? gdn__in_one_wave(kernel, 128, smem_for(4, more * 4 * Geo::ROWS_PER_WARP), ctas(4, more), occupancy_memo)
                         : !MIXER)
             sets = more;
     }
@@ -939,7 +912,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         static std::atomic<uint64_t> decode_memo[3 * 4];
         const auto one_wave = [&](int s) {
             const int slot = (s >= 4 ? 2 : s - 1) * 4 + (warps >= 8 ? 3 : warps >= 4 ? 2 : warps - 1);
-            return in_one_wave(kernel, warps * 32, smem_for(warps, s * warps * Geo::ROWS_PER_WARP), ctas(warps, s),
+            return gdn__in_one_wave(kernel, warps * 32, smem_for(warps, s * warps * Geo::ROWS_PER_WARP), ctas(warps, s),
                                decode_memo[slot]);
         };
         for (int s = sets;; s *= 2) { /* the fewest sets whose grid runs in one wave, each asked once */

@@ -261,26 +261,56 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
 }
 
 /* A preparation CTA's row i: its read and write slots, read before the wait for the preceding kernel;
- * false for a padding or out-of-range row (the state pass reads nothing of it). */
-__device__ __forceinline__ bool prep_row_slots(const gdn__layer_params &p, int64_t i, int64_t &r, int64_t &w)
+ * false for a padding or out-of-range row (the state pass reads nothing of it). EARLY: the record
+ * count h is read then too (the count and the records are in the workspace, which that kernel does
+ * not write: gdn_op.h's overlap_preceding), and the lines of the records that the preparation reads
+ * (key head kh's k, value head vh's a) are sent toward L2, by THREADS threads. */
+template <int K, typename I, int THREADS, bool EARLY>
+__device__ __forceinline__ bool prep_row_slots(const gdn__layer_params &p, int64_t i, int kh, int vh, int64_t &r, int64_t &w, int &h)
 {
     r = p.read_slots[i];
     w = p.write_slots ? (int64_t)p.write_slots[i] : r;
+    if constexpr (!EARLY) {
+        if (p.overlap_preceding) gdn__wait_preceding();
+        gdn__allow_dependents();
+        return r >= 0 && !gdn__row_slots_invalid(r, w, p.num_slots);
+    }
+    const bool row = r >= 0 && !gdn__row_slots_invalid(r, w, p.num_slots);
+    h = 0;
+    if (row) {
+        const int C = p.ring_capacity;
+        h = min(max(p.ring_count[r], 0), C);
+        const int64_t record_bytes = gdn__ring_record_bytes(p.HK, p.HV, K, p.V);
+        const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
+        constexpr int LINES = (K * (int)sizeof(I) + 127) / 128 + 1; /* a record's k lines, then its a */
+        for (int c = threadIdx.x; c < h * LINES; c += THREADS) {
+            const char *record = ring_r + c / LINES * record_bytes;
+            const int line = c % LINES;
+            gdn__prefetch_l2(line < LINES - 1 ? record + (int64_t)kh * K * sizeof(I) + line * 128
+                                              : record + gdn__ring_a_offset(p.HK, K) + vh * (int)sizeof(I));
+        }
+    }
     if (p.overlap_preceding) gdn__wait_preceding();
     gdn__allow_dependents();
-    return r >= 0 && !gdn__row_slots_invalid(r, w, p.num_slots);
+    return row;
 }
 
-template <int K, typename I, int THREADS> __global__ void __launch_bounds__(THREADS) ring_decode_prep_kernel(const gdn__layer_params p)
+template <int K, typename I, int THREADS, bool EARLY>
+__global__ void __launch_bounds__(THREADS) ring_decode_prep_kernel(const gdn__layer_params p)
 {
     __shared__ float dot_k[GDN_MAX_RING_LENGTH], dot_q[GDN_MAX_RING_LENGTH], norm_of[GDN_MAX_RING_LENGTH + 1],
         logd[GDN_MAX_RING_LENGTH + 1];
     const int vh = blockIdx.x;
     const int64_t i = blockIdx.y;
     int64_t r, w;
-    if (!prep_row_slots(p, i, r, w)) return;
-
-    const int HV = p.HV, HK = p.HK, C = p.ring_capacity, kh = vh / (HV / HK);
+    int count, HV, HK, C, kh;
+    if constexpr (EARLY) { /* the key head first: the records' lines are its */
+        HV = p.HV, HK = p.HK, C = p.ring_capacity, kh = vh / (HV / HK);
+        if (!prep_row_slots<K, I, THREADS, true>(p, i, kh, vh, r, w, count)) return;
+    } else {
+        if (!prep_row_slots<K, I, THREADS, false>(p, i, 0, vh, r, w, count)) return;
+        HV = p.HV, HK = p.HK, C = p.ring_capacity, kh = vh / (HV / HK);
+    }
     /* What does not depend on the record count first: the token's a and b (k and q in prepare_decode). */
     const I own_a = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, 0, vh)];
     const float own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, 0, vh)]);
@@ -294,7 +324,7 @@ template <int K, typename I, int THREADS> __global__ void __launch_bounds__(THRE
         p, (int)threadIdx.x, vh, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, 0, kh),
         static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, 0, kh),
         [&](int &h, bool &flush) {
-            h = min(max(p.ring_count[r], 0), C);
+            h = EARLY ? count : min(max(p.ring_count[r], 0), C); /* else read after the token's loads are issued */
             flush = r != w || h + 1 >= p.ring_length;
         },
         [&](int j) { return reinterpret_cast<const I *>(ring_r + (MMA_DOTS ? min(j, C - 1) : j) * record_bytes) + (int64_t)kh * K; },
@@ -1256,11 +1286,19 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
 /* Launcher                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* The preparation kernel's launch: a CTA of THREADS threads per (row, value head). */
+/* The preparation kernel's launch, THREADS threads a CTA: EARLY (the count read and the records sent
+ * toward L2 before the wait) where its grid runs in one wave; on more waves the later CTAs start
+ * after the preceding kernel, and a count read ahead of the token's loads measured slower there
+ * (bench/results/2026-11-28-h100-ring-decode-narrow-prep.md). */
 template <int K, typename I, int THREADS> static cudaError_t launch_prep(const gdn__layer_params *p, cudaStream_t stream)
 {
-    return gdn__launch(ring_decode_prep_kernel<K, I, THREADS>, dim3((unsigned)p->HV, (unsigned)p->B), dim3(THREADS), 0, stream,
-                       p->overlap_preceding != 0, *p);
+    static std::atomic<uint64_t> occupancy_memo;
+    const int64_t ctas = (int64_t)p->B * p->HV;
+    const dim3 grid((unsigned)p->HV, (unsigned)p->B);
+    const bool overlap = p->overlap_preceding != 0;
+    if (gdn__in_one_wave(ring_decode_prep_kernel<K, I, THREADS, true>, THREADS, 0, ctas, occupancy_memo))
+        return gdn__launch(ring_decode_prep_kernel<K, I, THREADS, true>, grid, dim3(THREADS), 0, stream, overlap, *p);
+    return gdn__launch(ring_decode_prep_kernel<K, I, THREADS, false>, grid, dim3(THREADS), 0, stream, overlap, *p);
 }
 
 /* The streamed state pass's launch, after the preparation kernel its form reads (none for the
