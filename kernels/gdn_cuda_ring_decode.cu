@@ -318,16 +318,18 @@ __global__ void __launch_bounds__(THREADS) ring_decode_prep_kernel(const gdn__la
     const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
     char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
     /* One warp with bf16 inputs: the records' dot products on the tensor cores, 16 records a load round
-     * (whole m-tiles: records past the count, clamped into the ring, are read and discarded). */
+     * (whole m-tiles: the rows past the count read the last record again, and are discarded). */
     constexpr bool MMA_DOTS = THREADS == 32 && std::is_same<I, __nv_bfloat16>::value;
+    int records = 0;
     prepare_decode<K, I, THREADS, MMA_DOTS>(
         p, (int)threadIdx.x, vh, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, 0, kh),
         static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, 0, kh),
         [&](int &h, bool &flush) {
             h = EARLY ? count : min(max(p.ring_count[r], 0), C); /* else read after the token's loads are issued */
             flush = r != w || h + 1 >= p.ring_length;
+            records = h;
         },
-        [&](int j) { return reinterpret_cast<const I *>(ring_r + (MMA_DOTS ? min(j, C - 1) : j) * record_bytes) + (int64_t)kh * K; },
+        [&](int j) { return reinterpret_cast<const I *>(ring_r + (MMA_DOTS ? min(j, records - 1) : j) * record_bytes) + (int64_t)kh * K; },
         [&](int j) { return reinterpret_cast<const I *>(ring_r + j * record_bytes + a_offset)[vh]; }, own_a, own_b,
         p.A_log[vh], p.dt_bias[vh], ring_w, p.ring_prep + (i * HV + vh) * gdn__ring_prep_floats(C), gdn__ring_prep_stride(C), dot_k,
         dot_q, norm_of, logd,
