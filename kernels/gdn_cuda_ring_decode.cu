@@ -7,13 +7,15 @@
  *   1. ring_decode_prep_kernel, a CTA per (row, value head): reads the row's record count h, forms
  *      the coefficients of the records' u in S k^ and S q^ and of the write-back, writes them and
  *      the token's scalars to p.ring_prep, and appends the token's a (and, once per key head, its
- *      k) as record h unless the row writes back. It is the only reader of the count.
+ *      k) as record h unless the row writes back.
  *   2. ring_decode_state_kernel: the cache decode's memory pipeline over S0 (state rows in flight
  *      before the wait for kernel 1), then per state row S0.k^ and S0.q^ and the records' terms
  *      (lane j mod L takes record j's u) in one lane-group sum. A row that writes back (ring full,
  *      or write slot != read slot) writes S_{h+1} in the same pass. It moves the count.
  *   2'. or, on mid-size and large grids with sm_90 code, ring_decode_stream_kernel: the same math,
- *      with the state tiles streamed into shared memory by producer warps (section 2'). Its
+ *      with the state tiles streamed into shared memory by producer warps (section 2'). After
+ *      kernel 1 it reads the counts itself and stages its first items' records and tokens before
+ *      its wait, which then holds back only kernel 1's blocks; the row's last item moves the count. Its
  *      tensor-core form (bf16 state and inputs) runs alone: each consumer warp prepares its item's
  *      token itself (prepare_decode, the same math as kernel 1), from records staged with the item.
  *      It also runs the verify of a 2..8-token chain (consume_mma_verify), the group's warps sharing
@@ -499,7 +501,9 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6)) ring_decode_state_k
  * memory (with bf16 state and inputs: on the tensor cores, in two groups of four on alternate items,
  * a producer warp each; see stream_layout). So the state bytes in flight do not end when a CTA's
  * loads do, and the stores and the records' latency run while the next items stream in. The state
- * copies of the first stages are issued before the wait for the preceding kernel. The tensor-core
+ * copies of the first stages are issued before the wait for the preceding kernel; after a
+ * preparation kernel, so are their records and tokens (that kernel lets this one launch only after
+ * its own wait, so the tokens' writer has ended), and only its blocks come after the wait. The tensor-core
  * decode has no preparation kernel: the producer reads the record count and stages every record's k
  * and a instead of a preparation block, each consumer warp prepares (records' dot products on the
  * tensor cores), a group takes a row-head's tiles in a row on large grids (group_walk), and the
@@ -1031,15 +1035,9 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
         const auto load_counts = [&](int k0) {
             const int k = k0 + lane;
             batch_h = 0, batch_flush = 0;
-            if (k < my_count && batch_kind == 2) {
-                if constexpr (Lay::PREPARES) { /* the rules of gdn_kernel_params.h's "Ring strategy" */
-                    batch_h = min(max(p.ring_count[batch_r], 0), C);
-                    batch_flush = batch_r != batch_w || (TOK > 1 ? batch_h + T > C : batch_h + 1 >= p.ring_length);
-                } else {
-                    const float *prep = p.ring_prep + (int64_t)pair_of(pg, k) * prep_floats;
-                    batch_h = min(max((int)prep[PREP_COUNT], 0), C);
-                    batch_flush = prep[PREP_FLUSH] != 0.0f;
-                }
+            if (k < my_count && batch_kind == 2) { /* the rules of gdn_kernel_params.h's "Ring strategy" */
+                batch_h = min(max(p.ring_count[batch_r], 0), C);
+                batch_flush = batch_r != batch_w || (TOK > 1 ? batch_h + T > C : batch_h + 1 >= p.ring_length);
             }
         };
         const auto copy_state = [&](int head, int tile, int r, unsigned char *stage, uint64_t *bar) {
@@ -1047,6 +1045,23 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             barrier_expect_bytes(bar, TILE_BYTES);
             bulk_copy(stage + lay.tile, static_cast<const S *>(p.state) + r * p.slot_stride + ((int64_t)head * V + tile * R) * K,
                       TILE_BYTES, bar);
+        };
+        /* The item's tokens: k and q (lanes 1..2T, T of each) and v (cp.async, counted by the lanes'
+         * barrier_arrive_after_copies). */
+        const auto copy_tokens = [&](int i, int head, int tile, unsigned char *stage, uint64_t *bar) {
+            const int kh = head / (HV / HK);
+            if (lane == 0) barrier_expect_bytes(bar, 2 * T * K_BYTES);
+            __syncwarp();
+            if (lane >= 1 && lane <= 2 * T) { /* lanes 1..T: the tokens' k, T+1..2T: their q */
+                const int t = (lane - 1) % T;
+                if (lane <= T) bulk_copy(stage + lay.kin + t * K_BYTES, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh), K_BYTES, bar);
+                else bulk_copy(stage + lay.qin + t * K_BYTES, static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh), K_BYTES, bar);
+            }
+            for (int c = lane; c < T * R / 2; c += 32) {
+                const int t = c / (R / 2);
+                const char *v_in = reinterpret_cast<const char *>(static_cast<const I *>(p.v) + gdn__at(p.v_strides, i, t, head) + tile * R);
+                gdn__copy_async4(stage + lay.vin + t * R * 2 + c % (R / 2) * 4, v_in + c % (R / 2) * 4);
+            }
         };
 
         /* Records 0..n-1 of slot r's ring for an item: their u (the tile's rows), and k (the key
@@ -1063,6 +1078,12 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
         };
 
         load_slots(0);
+        /* Every form reads the record counts before the wait: like the records, they are not written by
+         * the preceding kernel (the workspace: gdn_op.h's overlap_preceding; in the engine a commit is
+         * followed by the next step's fetch, which its first layer waits for), and the pass itself moves
+         * them, once every item's producer has read them. The forms after a preparation kernel read
+         * them first, to stage the first items' records. */
+        if constexpr (!Lay::PREPARES) load_counts(0);
         const int per_group = stages / GROUPS; /* the group's stages: pg, pg + GROUPS, ... */
         const int first = my_count < per_group ? my_count : per_group;
         /* speculate (grids of at most an item an SM, where the step is a chain of latencies): the
@@ -1071,23 +1092,28 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
          * the count are not used. */
         const bool speculate_records = Lay::PREPARES && speculate && my_count <= per_group;
         group_walk at((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles, runs);
+        /* The forms after a preparation kernel stage the first items' records and tokens here too: that
+         * kernel lets this one launch only after its own wait, so the kernel before it, which wrote
+         * the tokens, has ended; only the preparation's blocks wait. */
+        constexpr bool TOKENS_FIRST = !Lay::PREPARES;
         for (int k = 0; k < first; k++, at.next(HV, tiles)) {
             const int r = __shfl_sync(0xffffffffu, batch_r, k);
             const int st = pg + GROUPS * k;
             if (__shfl_sync(0xffffffffu, batch_kind, k) == 2) {
                 copy_state(at.at.head, at.tile, r, smem + st * lay.bytes, &full[st]);
                 if (speculate_records) copy_records(at.at.head, at.tile, r, C, true, smem + st * lay.bytes, &full[st]);
+                if constexpr (TOKENS_FIRST) {
+                    const int h = __shfl_sync(0xffffffffu, batch_h, k);
+                    const bool flush = __shfl_sync(0xffffffffu, batch_flush, k) != 0;
+                    copy_records(at.at.head, at.tile, r, h, flush, smem + st * lay.bytes, &full[st]);
+                    copy_tokens(at.at.i, at.at.head, at.tile, smem + st * lay.bytes, &full[st]);
+                }
             }
         }
         at = group_walk((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles, runs);
-        /* The tensor-core form reads the record counts before the wait too: like the records, they
-         * are not written by the preceding kernel (the workspace: gdn_op.h's overlap_preceding; in
-         * the engine a commit is followed by the next step's fetch, which its first layer waits
-         * for). The other forms read what the preparation kernel, the preceding kernel, wrote. */
         if constexpr (Lay::PREPARES) load_counts(0);
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
-        if constexpr (!Lay::PREPARES) load_counts(0);
 
         for (int it = 0, s = pg, use = 0; it < my_count;
              it++, at.next(HV, tiles), s += GROUPS, use += s >= stages, s -= s >= stages ? stages : 0) {
@@ -1102,14 +1128,11 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                 barrier_wait(&empty[s], (unsigned)(use - 1) & 1);
                 if (kind == 2) copy_state(at.at.head, at.tile, r, stage, &full[s]);
             }
-            if (kind == 2) {
+            if (kind == 2 && Lay::PREPARES) {
                 const int i = at.at.i, head = at.at.head, tile = at.tile, kh = head / (HV / HK);
-                /* the tensor-core form prepares from every record's k and a; a write-back needs the k */
-                const bool records_k = Lay::PREPARES || flush;
-                if (lane == 0) barrier_expect_bytes(&full[s], (Lay::PREPARES ? 0u : (uint32_t)prep_floats * 4) + 2 * T * K_BYTES);
-                copy_records(head, tile, r, speculate_records ? 0 : h, records_k, stage, &full[s]);
-                if (!Lay::PREPARES && lane == 0)
-                    bulk_copy(stage + lay.prep, p.ring_prep + ((int64_t)i * HV + head) * prep_floats, prep_floats * 4, &full[s]);
+                /* the tensor-core form prepares from every record's k and a */
+                if (lane == 0) barrier_expect_bytes(&full[s], 2 * T * K_BYTES);
+                copy_records(head, tile, r, speculate_records ? 0 : h, true, stage, &full[s]);
                 if (lane >= 1 && lane <= 2 * T) { /* lanes 1..T: the tokens' k, T+1..2T: their q */
                     const int t = (lane - 1) % T;
                     if (lane <= T) bulk_copy(stage + lay.kin + t * K_BYTES, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh), K_BYTES, &full[s]);
@@ -1119,6 +1142,16 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                     const int t = c / (R / 2);
                     const char *v_in = reinterpret_cast<const char *>(static_cast<const I *>(p.v) + gdn__at(p.v_strides, i, t, head) + tile * R);
                     gdn__copy_async4(stage + lay.vin + t * R * 2 + c % (R / 2) * 4, v_in + c % (R / 2) * 4);
+                }
+            } else if (kind == 2) {
+                const int i = at.at.i, head = at.at.head, tile = at.tile;
+                if (use > 0) { /* else staged before the wait; a write-back needs the records' k */
+                    copy_records(head, tile, r, h, flush, stage, &full[s]);
+                    copy_tokens(i, head, tile, stage, &full[s]);
+                }
+                if (lane == 0) {
+                    barrier_expect_bytes(&full[s], (uint32_t)prep_floats * 4);
+                    bulk_copy(stage + lay.prep, p.ring_prep + ((int64_t)i * HV + head) * prep_floats, prep_floats * 4, &full[s]);
                 }
             }
             if (lane == 0) {
@@ -1164,6 +1197,17 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
         barrier_wait(&full[s], (unsigned)use & 1);
         const int *header = reinterpret_cast<const int *>(stage);
         const int kind = header[ITEM_KIND];
+        /* The forms after a preparation kernel: the row moves its count once its last item has begun
+         * (every item's producer and the preparation kernel have read it by then); the add is issued
+         * here and its result used after the stage is released, so that its latency stays off the
+         * pass. The tensor-core decode: once its last item has finished (measured faster there). */
+        const bool counts_in = !Lay::PREPARES && kind == 2 && gwarp == 0 && lane == 0;
+        unsigned arrival = 0;
+        int count_slot = 0, next_count = 0;
+        if (counts_in) {
+            arrival = atomicAdd(&p.arrivals[i], 1u);
+            count_slot = header[ITEM_WRITE], next_count = header[ITEM_FLUSH] ? 0 : header[ITEM_COUNT] + 1;
+        }
         const int64_t out_base = gdn__at(p.out_strides, i, 0, head);
         if constexpr (Lay::PREPARES) {
             if (kind == 2 && prepare) {
@@ -1239,7 +1283,6 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                     gdn__load_vec<S, EV>(tile_s + (lrow0 + rt * G) * K + (n * L + glane) * EV, st[rt][n]);
             const int h = (int)prep[PREP_COUNT];
             const bool flush = prep[PREP_FLUSH] != 0.0f;
-            if (head == 0 && tile == 0 && threadIdx.x == 0) p.ring_count[w] = flush ? 0 : h + 1; /* kernel 1 has read it */
             const auto u_at = [&](int j, int rt) { return u_s[j * Lay::U_STRIDE + lrow0 + rt * G]; };
             float dk[RT], dq[RT];
             row_terms<Geo>(st, kx, qx, prep, ck, cq, h, u_at, glane, dk, dq);
@@ -1278,6 +1321,10 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
          * every read of the stage against the producer's next writes; a two-warp probe of the
          * pattern shows the same, bench/results/2026-11-27-h100-ring-racecheck.md). */
         barrier_arrive(&empty[s]);
+        if (counts_in && arrival + 1u == (unsigned)row_items) {
+            p.ring_count[count_slot] = next_count;
+            p.arrivals[i] = 0;
+        }
     }
 #else
     __trap(); /* launched only where sm_90 code is loaded (stream_state_pass_applies) */
