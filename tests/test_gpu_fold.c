@@ -192,6 +192,25 @@ Test(gpu_fold, ring_large_batches_match_the_host_model, .timeout = 900)
     }
 }
 
+/* The fp32 decode's streamed pass on large grids as a programmatic dependent launch: two layers, so
+ * that the second follows the first with launch_overlap (the first follows the fetch, in stream
+ * order), where the pass reads the counts and stages its first items' records and tokens before its
+ * wait; batches of up to 64 rows of qwen3-next. */
+Test(gpu_fold, ring_large_batches_overlapped_match_the_host_model, .timeout = 900)
+{
+    test_require_gpu();
+    scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                          .state_dtype = GDN_DTYPE_F32, .strategy = GDN_VERIFY_RING, .layers = 2, .steps = 24,
+                          .num_slots = 80, .max_batch = 64, .max_tokens = 4, .check_every = 8, .min_live = 60,
+                          .ring_length = 8, .seed = 765};
+    scenario_result r = run_scenario(&o);
+    cr_log_info("qwen3-next fp32 ring 8, two layers, B <= 64: worst state %.1f%%, output %.1f%% of tolerance, largest "
+                "bucket %d; write-backs: decode %d, verify %d",
+                100 * r.worst_state, 100 * r.worst_output, r.largest_bucket, r.ring_flush_decode, r.ring_flush_verify);
+    cr_assert_geq(r.largest_bucket, 32);
+    if (test_full_length()) cr_assert_gt(r.ring_flush_decode, 0);
+}
+
 /* The ring strategy's step path allocates neither host memory of the library's nor device memory, with
  * every graph captured at creation: verifies that do not fit and their commits, decodes that fill and
  * write back rings, and steps after a slot with records was freed and handed out again. */
