@@ -1130,7 +1130,9 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             }
             if (kind == 2 && Lay::PREPARES) {
                 const int i = at.at.i, head = at.at.head, tile = at.tile, kh = head / (HV / HK);
-                /* the tensor-core form prepares from every record's k and a */
+                /* the tensor-core form prepares from every record's k and a; it copies the tokens as
+                 * copy_tokens does, but with their bytes expected first and no __syncwarp between
+                 * (through copy_tokens it measured slower: bench/results/2026-11-28-h200-ring-prep-bubble.md) */
                 if (lane == 0) barrier_expect_bytes(&full[s], 2 * T * K_BYTES);
                 copy_records(head, tile, r, speculate_records ? 0 : h, true, stage, &full[s]);
                 if (lane >= 1 && lane <= 2 * T) { /* lanes 1..T: the tokens' k, T+1..2T: their q */
