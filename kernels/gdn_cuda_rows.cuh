@@ -105,14 +105,14 @@ __device__ __forceinline__ void zero_padding_row(const gdn__layer_params &p, boo
 
 /* Loads the thread's state rows of a head's [V, K] block at src into fp32 registers: RT * NV
  * independent 16-byte loads, evict-first (a step reads the state once), all issued before any use. */
-template <int K, typename S, typename Geo>
+template <int K, typename S, typename Geo, bool WORDS = false>
 __device__ __forceinline__ void load_rows(const S *src, float (&st)[Geo::RT][Geo::NV][Geo::EV], int row0, int glane)
 {
 #pragma unroll
     for (int rt = 0; rt < Geo::RT; rt++)
 #pragma unroll
         for (int n = 0; n < Geo::NV; n++)
-            gdn__load_vec_stream<S, Geo::EV>(src + (int64_t)(row0 + rt * Geo::G) * K + (n * Geo::L + glane) * Geo::EV,
+            gdn__load_vec_stream<S, Geo::EV, WORDS>(src + (int64_t)(row0 + rt * Geo::G) * K + (n * Geo::L + glane) * Geo::EV,
                                              st[rt][n]);
 }
 
