@@ -213,9 +213,8 @@ template <typename S, int N> struct alignas(N * sizeof(S)) gdn__raw_vec {
 
 /* bf16 pairs widened a 32-bit word at a time: the low element is the word shifted up, the high one
  * the word with its low half cleared (one instruction each; the element-wise conversion extracts
- * the high one first). Taken only where it measured faster (gdn__load_vec_stream's WORDS: the
- * big-grid cache decode of gdn_cuda_layer_kernel.cuh); elsewhere the changed code generation
- * measured slower. */
+ * the high one first). Taken only where it measured faster (WORDS in gdn_cuda_layer_kernel.cuh:
+ * the big-grid decodes); elsewhere the changed code generation measured slower. */
 template <int N> __device__ __forceinline__ void gdn__bf16_words_to_f32(const void *raw, float (&out)[N])
 {
     static_assert(N % 2 == 0, "whole words");

@@ -300,18 +300,23 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int warps = blockDim.x >> 5;
     const int V = p.V, T = ONE_TOKEN ? 1 : p.T, HV = p.HV, HK = p.HK;
     const int tile_rows = warps * Geo::ROWS_PER_WARP; /* rows of one set */
-    /* The big-grid cache decode's shorter chains (measured on the H200, bench/results/
-     * 2026-11-28-h200-cache-decode-chains.md): a head's tiles by shifts (V, the rows of a warp and
-     * the warps are powers of two), the key head by an fp32 quotient, the state's bf16 pairs widened
-     * a word at a time, and the token's inputs read right behind the state (INPUTS_WITH_STATE
-     * below). In the other instances the same changes measured slower in the 36-layer step. */
-    constexpr bool BIG_CACHE_DECODE = ONE_TOKEN && !FOLD && !SHARED && REGS == big_regs<S>();
-    const int tiles_log2 = __ffs(V) - __ffs(tile_rows); /* (BIG_CACHE_DECODE) */
-    const int tiles_per_head = BIG_CACHE_DECODE ? 1 << tiles_log2 : SETS > 1 ? (int)gridDim.x / HV : V / tile_rows;
-    const int cta_rows = BIG_CACHE_DECODE ? V >> tiles_log2 : V / tiles_per_head;
+    /* The big-grid decodes' shorter chains (measured on the H200, bench/results/
+     * 2026-11-28-h200-cache-decode-chains.md and 2026-11-28-h200-fold-decode-chains.md). BIG_DECODE
+     * (the cache decode and the direct fold decode): a head's tiles by shifts (V, the rows of a warp
+     * and the warps are powers of two), the key head by an fp32 quotient, the state's bf16 pairs
+     * widened a word at a time, the one-token loop's tests compile-time (ONE_LIVE_ROOT), and the
+     * cache decode's inputs read right behind its state (INPUTS_WITH_STATE below). The staged fold
+     * decode with bf16 state: the widening and the loop's tests. In the other instances the same
+     * changes measured slower (the 36-layer step; the staged fold decode with fp32 state). */
+    constexpr bool BIG_DECODE = ONE_TOKEN && !SHARED && REGS == big_regs<S>();
+    constexpr bool BIG_STAGED_FOLD_DECODE = ONE_TOKEN && FOLD && SHARED && !MIXER && REGS == big_regs<S>() && sizeof(S) == 2;
+    constexpr bool WORDS = BIG_DECODE || BIG_STAGED_FOLD_DECODE;
+    const int tiles_log2 = __ffs(V) - __ffs(tile_rows); /* (BIG_DECODE) */
+    const int tiles_per_head = BIG_DECODE ? 1 << tiles_log2 : SETS > 1 ? (int)gridDim.x / HV : V / tile_rows;
+    const int cta_rows = BIG_DECODE ? V >> tiles_log2 : V / tiles_per_head;
     const int sets = SETS > 1 ? cta_rows / tile_rows : 1; /* chosen by the launcher */
-    const int h = BIG_CACHE_DECODE ? (int)blockIdx.x >> tiles_log2 : (int)(blockIdx.x / tiles_per_head);
-    const int tile = BIG_CACHE_DECODE ? (int)blockIdx.x & (tiles_per_head - 1) : (int)(blockIdx.x % tiles_per_head);
+    const int h = BIG_DECODE ? (int)blockIdx.x >> tiles_log2 : (int)(blockIdx.x / tiles_per_head);
+    const int tile = BIG_DECODE ? (int)blockIdx.x & (tiles_per_head - 1) : (int)(blockIdx.x % tiles_per_head);
     const int64_t i = blockIdx.y;
     const int tile_row0 = tile * cta_rows;
     const int local_row0 = warp * Geo::ROWS_PER_WARP + group; /* row of rt = 0 within the first set */
@@ -348,7 +353,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         return;
     }
 
-    const int kh = BIG_CACHE_DECODE ? gdn__small_quotient(h, gdn__small_quotient(HV, HK)) : h / (HV / HK);
+    const int kh = BIG_DECODE ? gdn__small_quotient(h, gdn__small_quotient(HV, HK)) : h / (HV / HK);
     const float A = expf(p.A_log[h]), dt_bias = p.dt_bias[h];
     /* A fold verify (the direct fold decode runs decodes only: the launcher gives a verify of one
      * token to the verify instance). A function, not a variable, so that the flag is read where it is
@@ -428,12 +433,14 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * kernel does not write it), but its records are applied after the wait, so that the wait does
      * not wait for the count (most steps find none). */
     const int ring_records = RING ? min(max(p.ring_count[r], 0), p.ring_capacity) : 0;
-    load_rows<K, S, Geo, BIG_CACHE_DECODE>(src, st, row0, glane);
+    load_rows<K, S, Geo, WORDS>(src, st, row0, glane);
     /* The big-grid cache decode (it waits before its state loads) reads its token's inputs right
      * behind them, with no branch between them and the token's use (the token loop's live and
      * parent tests are compile-time there), so that both are in flight together: read in the token
      * loop, they went out only once the state had arrived, a second round trip per CTA. */
-    constexpr bool INPUTS_WITH_STATE = BIG_CACHE_DECODE;
+    constexpr bool INPUTS_WITH_STATE = BIG_DECODE && !FOLD;
+    /* (A one-token step's token is live and a root: its row is padding otherwise.) */
+    constexpr bool ONE_LIVE_ROOT = BIG_DECODE || BIG_STAGED_FOLD_DECODE;
     static_assert(!INPUTS_WITH_STATE || !STATE_BEFORE_WAIT, "its inputs are read after the wait");
     typename token_values<Geo>::template raw_inputs<I> state_inputs;
     if constexpr (INPUTS_WITH_STATE) token_values<Geo>::template read_direct<K, I>(p, i, 0, kh, h, row0, glane, state_inputs);
@@ -704,7 +711,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 for (int n = 0; n < NV; n++) {
                     const uint4 raw = staged[(rt * NV + n) * blockDim.x + threadIdx.x];
                     read |= raw.x;
-                    gdn__load_vec<S, EV>(reinterpret_cast<const S *>(&raw), st[rt][n]);
+                    if constexpr (WORDS && sizeof(S) == 2) gdn__bf16_words_to_f32(&raw, st[rt][n]);
+                    else gdn__load_vec<S, EV>(reinterpret_cast<const S *>(&raw), st[rt][n]);
                 }
             if (set + 1 < sets) stage_set(set + 1, gdn__zero_after(read));
         }
@@ -739,8 +747,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
          * cost more occupancy than the hidden latency gained.) */
         int held = -1; /* the token whose state the registers hold (-1: the row's start) */
         for (int t = 0; t < T; t++) {
-            /* (A one-token step's token is live and a root: its row is padding otherwise.) */
-            if (!INPUTS_WITH_STATE && !((plan.live >> t) & 1u)) { /* padding token (uniform over the CTA): zero output, no state */
+            if (!ONE_LIVE_ROOT && !((plan.live >> t) & 1u)) { /* padding token (uniform over the CTA): zero output, no state */
 #pragma unroll
                 for (int rt = 0; rt < RT; rt++) o[rt] = 0.0f;
                 if (tree_form) {
@@ -758,7 +765,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                  * parent's state: from the cache with fp32 state; with bf16 (which the cache rounds) the
                  * slot's state runs the parent's path again first, root first, through the same
                  * application (one code path: replayed tokens' outputs are overwritten). */
-                const int parent = INPUTS_WITH_STATE ? -1 : p.parents ? p.parents[i * T + t] : t - 1;
+                const int parent = ONE_LIVE_ROOT ? -1 : p.parents ? p.parents[i * T + t] : t - 1;
                 int replays = 0;
                 if (!FOLD && parent != held) {
                     if constexpr (sizeof(S) == 4) {
