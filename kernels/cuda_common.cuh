@@ -213,8 +213,9 @@ template <typename S, int N> struct alignas(N * sizeof(S)) gdn__raw_vec {
 
 /* bf16 pairs widened a 32-bit word at a time: the low element is the word shifted up, the high one
  * the word with its low half cleared (one instruction each; the element-wise conversion extracts
- * the high one first). Taken only where it measured faster (WORDS in gdn_cuda_layer_kernel.cuh:
- * the big-grid decodes); elsewhere the changed code generation measured slower. */
+ * the high one first). Taken only where it measured faster (gdn__widen_raw's WORDS, set in
+ * gdn_cuda_layer_kernel.cuh for the big-grid decodes); elsewhere the changed code generation
+ * measured slower. */
 template <int N> __device__ __forceinline__ void gdn__bf16_words_to_f32(const void *raw, float (&out)[N])
 {
     static_assert(N % 2 == 0, "whole words");
@@ -235,8 +236,21 @@ __device__ __forceinline__ int gdn__small_quotient(int n, int d)
     return (int)__fdividef((float)n + 0.5f, (float)d);
 }
 
+/* N elements of S held raw in registers, widened to fp32: element by element, or with WORDS (and
+ * bf16) a 32-bit word at a time (gdn__bf16_words_to_f32). */
+template <typename S, int N, bool WORDS = false>
+__device__ __forceinline__ void gdn__widen_raw(const gdn__raw_vec<S, N> &raw, float (&out)[N])
+{
+    if constexpr (WORDS && std::is_same<S, __nv_bfloat16>::value) {
+        gdn__bf16_words_to_f32(&raw, out);
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; j++) out[j] = gdn__to_f32(raw.v[j]);
+    }
+}
+
 /* Loads N consecutive elements of S at `p` (aligned to N * sizeof(S)) into fp32 registers. */
-template <typename S, int N> __device__ __forceinline__ void gdn__load_vec(const S *p, float (&out)[N])
+template <typename S, int N, bool WORDS = false> __device__ __forceinline__ void gdn__load_vec(const S *p, float (&out)[N])
 {
     static_assert(N * sizeof(S) == 16 || N * sizeof(S) == 8 || N * sizeof(S) == 4, "vector width");
     gdn__raw_vec<S, N> raw; /* loaded as one integer vector, like the stores below */
@@ -250,8 +264,7 @@ template <typename S, int N> __device__ __forceinline__ void gdn__load_vec(const
         const uint32_t bits = *reinterpret_cast<const uint32_t *>(p);
         memcpy(&raw, &bits, 4);
     }
-#pragma unroll
-    for (int j = 0; j < N; j++) out[j] = gdn__to_f32(raw.v[j]);
+    gdn__widen_raw<S, N, WORDS>(raw, out);
 }
 
 /* The same through the read-only path with an evict-first hint: for data read exactly once. */
@@ -261,12 +274,7 @@ template <typename S, int N, bool WORDS = false> __device__ __forceinline__ void
     const int4 bits = __ldcs(reinterpret_cast<const int4 *>(p));
     gdn__raw_vec<S, N> raw;
     memcpy(&raw, &bits, 16);
-    if constexpr (WORDS && std::is_same<S, __nv_bfloat16>::value) {
-        gdn__bf16_words_to_f32(&raw, out);
-    } else {
-#pragma unroll
-        for (int j = 0; j < N; j++) out[j] = gdn__to_f32(raw.v[j]);
-    }
+    gdn__widen_raw<S, N, WORDS>(raw, out);
 }
 
 /* Asks L2 to fetch the line holding p (no register result: the load that follows finds it there). */

@@ -711,8 +711,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 for (int n = 0; n < NV; n++) {
                     const uint4 raw = staged[(rt * NV + n) * blockDim.x + threadIdx.x];
                     read |= raw.x;
-                    if constexpr (WORDS && sizeof(S) == 2) gdn__bf16_words_to_f32(&raw, st[rt][n]);
-                    else gdn__load_vec<S, EV>(reinterpret_cast<const S *>(&raw), st[rt][n]);
+                    gdn__load_vec<S, EV, WORDS>(reinterpret_cast<const S *>(&raw), st[rt][n]);
                 }
             if (set + 1 < sets) stage_set(set + 1, gdn__zero_after(read));
         }
