@@ -7,7 +7,8 @@
  *   mixed     T = 4 with per-row counts, half the rows n = 1 and half n = 4;
  *   counts4   T = 4 with per-row counts all 4 (the mixed step's bar);
  *   chain16   every row a chain of T = 16 (as many tokens as the tree);
- *   pchain4, pchain16   the chains given as trees (parents t - 1), committed by node.
+ *   pchain4, pchain16   the chains given as trees (parents t - 1), committed by node;
+ *   tree8     an 8-node tree of depth 4 (two chains of four: parents -1 x2, 0..5), committed by node.
  * Each step commits a random node per row (chain and counts: a count drawn from 0..n; tree: a node
  * drawn from -1..15), so that fold and ring carry their accepted paths into the next step. Cold
  * state: rows rotate over G groups of B slots whose states exceed 4x the L2 size. The time is the
@@ -26,8 +27,8 @@
 #include "bench_common.h"
 #include "gdn/gdn_op.h"
 
-enum { SHAPES = 7, MAX_T = 16, TREE_T = 16 };
-static const char *const shape_names[SHAPES] = {"chain4", "tree16", "mixed", "counts4", "chain16", "pchain4", "pchain16"};
+enum { SHAPES = 8, MAX_T = 16, TREE_T = 16 };
+static const char *const shape_names[SHAPES] = {"chain4", "tree16", "mixed", "counts4", "chain16", "pchain4", "pchain16", "tree8"};
 
 /* Every buffer of one (preset, dtype, strategy) setup, in device memory. */
 typedef struct setup {
@@ -63,6 +64,7 @@ static int upload_ints(int32_t *dst, const int32_t *src, size_t n)
 }
 
 static int by_node(int s) { return s == 1 || s >= 5; }
+static int shape_tokens(int s) { return s == 1 || s == 4 || s == 6 ? TREE_T : s == 7 ? 8 : 4; }
 
 /* Accepted values for `steps` steps of shape s: counts 0..n (chain, counts) or nodes -1..15 (tree). */
 static int32_t *make_accepted(int s, int32_t B, int steps)
@@ -70,7 +72,7 @@ static int32_t *make_accepted(int s, int32_t B, int steps)
     int32_t *h = malloc(sizeof(int32_t) * (size_t)B * steps);
     for (int64_t e = 0; e < (int64_t)B * steps; e++) {
         const int32_t i = (int32_t)(e % B);
-        const int32_t n = s == 2 && i % 2 == 0 ? 1 : s == 1 || s == 4 || s == 6 ? TREE_T : 4;
+        const int32_t n = s == 2 && i % 2 == 0 ? 1 : shape_tokens(s);
         h[e] = by_node(s) ? (int32_t)(gdn_bench_rng_next() % (n + 1)) - 1 : (int32_t)(gdn_bench_rng_next() % (n + 1));
     }
     return h;
@@ -79,7 +81,7 @@ static int32_t *make_accepted(int s, int32_t B, int steps)
 static int run_shape(setup *c, int s, int steps, double *us)
 {
     gdn_op_layer op = c->op;
-    op.tokens = s == 1 || s == 4 || s == 6 ? TREE_T : 4;
+    op.tokens = shape_tokens(s);
     op.token_counts = s == 2 || s == 3 ? c->counts[s] : NULL;
     op.parents = s == 1 ? c->parents : s >= 5 ? c->chain_parents[s] : NULL;
     int32_t *acc_h = make_accepted(s, c->B, steps);
@@ -155,10 +157,10 @@ static int bench_one(const char *preset, gdn_dtype sdt, gdn_verify_strategy stra
     }
     CHECK_CUDA(cudaMalloc((void **)&c.parents, sizeof(int32_t) * B * TREE_T));
     if (upload_ints(c.parents, parents_h, (size_t)B * TREE_T)) return 1;
-    for (int s = 5; s <= 6; s++) { /* [B][T] chains: parent t - 1 */
-        const int T = s == 6 ? TREE_T : 4;
+    for (int s = 5; s <= 7; s++) { /* [B][T]: chains, parent t - 1; tree8, two chains of four */
+        const int T = shape_tokens(s);
         for (int32_t i = 0; i < B; i++)
-            for (int t = 0; t < T; t++) parents_h[i * T + t] = t - 1;
+            for (int t = 0; t < T; t++) parents_h[i * T + t] = s == 7 ? (t < 2 ? -1 : t - 2) : t - 1;
         CHECK_CUDA(cudaMalloc((void **)&c.chain_parents[s], sizeof(int32_t) * B * T));
         if (upload_ints(c.chain_parents[s], parents_h, (size_t)B * T)) return 1;
     }
@@ -193,7 +195,7 @@ static int bench_one(const char *preset, gdn_dtype sdt, gdn_verify_strategy stra
             printf("%-11s %-5s %-5s B=%-4d %-8s %9.2f us  %5.2fx chain4\n", preset, sdt == GDN_DTYPE_F32 ? "f32" : "bf16",
                    strategy_names[strategy], B, shape_names[s], us[s], us[s] / us[0]);
     void *all[] = {c.pool, c.workspace, c.q, c.k, c.v, c.a, c.b, c.out, c.params, c.rows, c.counts[2], c.counts[3],
-                   c.parents, c.chain_parents[5], c.chain_parents[6], c.accepted, c.flag};
+                   c.parents, c.chain_parents[5], c.chain_parents[6], c.chain_parents[7], c.accepted, c.flag};
     for (size_t n = 0; n < sizeof all / sizeof all[0]; n++) cudaFree(all[n]);
     return bad;
 }

@@ -730,10 +730,13 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
 
         if constexpr (BIG_TREE) {
             if (tree_form) {
-                if constexpr (L == 8 && sizeof(S) == 2) /* K = 128: on the tensor cores */
-                    tree_set_mma<K, O, Geo>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0 - group,
+                if constexpr (L == 8 && sizeof(S) == 2) { /* K = 128: on the tensor cores; one node tile up to 8 */
+                    if (T <= 8) tree_set_mma<K, O, Geo, 1>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0 - group,
                                             set_row0 - group, lane, out, out_base, out_token_stride);
-                else if constexpr (L == 8) /* (fp32 state: split operands) */
+                    else
+                        tree_set_mma<K, O, Geo, 2>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0 - group,
+                                                   set_row0 - group, lane, out, out_base, out_token_stride);
+                } else if constexpr (L == 8) /* (fp32 state: split operands) */
                     tree_set_mma_split<K, O, Geo>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0 - group,
                                                   set_row0 - group, lane, out, out_base, out_token_stride);
                 else

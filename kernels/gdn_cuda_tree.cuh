@@ -485,8 +485,9 @@ __device__ __forceinline__ void tree_path_matrix(const tree_shared &ts, const sh
  * that its lanes hold products of rows along m and nodes along n: the A layout of the next MMA, in
  * which R (the corrections' right-hand side) times M^T (tree_path_matrix), as bf16 hi + lo pairs,
  * added to g c0 B q^, gives the outputs. (With fp32 state the fixed cost of M, a serial pass and a
- * barrier, outweighs its 8 rows a warp: tree_set_mma_split.) */
-template <int K, typename O, typename Geo>
+ * barrier, outweighs its 8 rows a warp: tree_set_mma_split.) NT node tiles of 8: a tree of up to 8 nodes
+ * takes one, so that no MMA or load runs for nodes that are not there. */
+template <int K, typename O, typename Geo, int NT>
 __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::EV], float decay, const shared_tokens &s,
                                              const tree_shared &ts, uint32_t live, int own0, int T, int rows, int warp_local_row0,
                                              int warp_row0, int lane, O *out, int64_t out_base, int64_t out_token_stride)
@@ -504,7 +505,7 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
             sa[rt][c][1] = gdn__pack_word<__nv_bfloat16>(&st[rt][n][e0 + 2]);
         }
     release_rows<Geo>(st);
-    const bool top_live = tq < T, bottom_live = tq + 8 < T;
+    const bool top_live = tq < T, bottom_live = NT > 1 && tq + 8 < T;
     /* The rows times all nodes' k^ (q_side false) or q^: x[nt][2 kr + b] of the warp's row
      * (KEPT half + kr) G + group and node 8 nt + 2 q + b. */
     const auto products = [&](bool q_side, float (&x)[2][2 * KEPT]) {
@@ -517,7 +518,7 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
 #pragma unroll
             for (int pr = 0; pr < KEPT; pr++)
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++)
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int c = 0; c < 4; c++) acc[pr][nt][c] = 0.0f;
 #pragma unroll
@@ -531,20 +532,20 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
                 for (int pr = 0; pr < KEPT; pr++) {
                     const int ra = 2 * pr, rb = 2 * pr + 1;
 #pragma unroll
-                    for (int nt = 0; nt < 2; nt++)
+                    for (int nt = 0; nt < NT; nt++)
                         gdn__mma_bf16_m16n8k16(acc[pr][nt], sa[ra][c][0], sa[rb][c][0], sa[ra][c][1], sa[rb][c][1], b[nt][0], b[nt][1]);
                 }
             }
 #pragma unroll
             for (int pr = 0; pr < KEPT; pr++)
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++)
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int c = 0; c < 4; c++) d[pr][nt][c] = hf == half ? acc[pr][nt][c] : d[pr][nt][c];
         }
         /* The row group's other quad holds the other half of K: half h keeps rt pair h. */
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const float keep = half ? d[1][nt][c] : d[0][nt][c], send = half ? d[0][nt][c] : d[1][nt][c];
@@ -554,20 +555,20 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
     bool runs[2][2]; /* [node tile][b]: whether node 8 nt + 2 q + b runs */
     float coef[2][2]; /* g c0 decay: of B k^ in R, of B q^ in O */
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++)
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int b = 0; b < 2; b++) {
             const int t = 8 * nt + 2 * q + b;
             runs[nt][b] = t < T && ((live >> t) & 1u);
             coef[nt][b] = runs[nt][b] ? ts.c0[t] * decay * s.gate[own0 + t] : 0.0f;
         }
-    uint32_t r_hi[4], r_lo[4]; /* R as the A fragment a0..a3 */
+    uint32_t r_hi[4] = {}, r_lo[4] = {}; /* R as the A fragment a0..a3 */
     {
         float xk[2][2 * KEPT];
         products(false, xk);
         float r[2][2 * KEPT];
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int kr = 0; kr < KEPT; kr++)
 #pragma unroll
@@ -577,7 +578,7 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
                         runs[nt][b] ? s.beta[own0 + t] * (s.v[(size_t)(own0 + t) * rows + local] - coef[nt][b] * xk[nt][2 * kr + b]) : 0.0f;
                 }
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) /* a0 (a2): kept row 0, nodes 2q.. (2q + 8..); a1 (a3): kept row 1 */
+        for (int nt = 0; nt < NT; nt++) /* a0 (a2): kept row 0, nodes 2q.. (2q + 8..); a1 (a3): kept row 1 */
 #pragma unroll
             for (int kr = 0; kr < KEPT; kr++)
                 gdn__split_bf16x2(r[nt][2 * kr], r[nt][2 * kr + 1], r_hi[2 * nt + kr], r_lo[2 * nt + kr]);
@@ -587,14 +588,14 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
         float xq[2][2 * KEPT];
         products(true, xq);
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) /* (padding nodes: any k^, q^) */
                 o[nt][c] = runs[nt][c & 1] ? coef[nt][c & 1] * xq[nt][c] : 0.0f;
     }
     const float *product = ts.matrices(T, rows);
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++) { /* o[nt] += R^T M^T for outputs 8 nt + 2 q + c % 2 */
+    for (int nt = 0; nt < NT; nt++) { /* o[nt] += R^T M^T for outputs 8 nt + 2 q + c % 2 */
         const int t = 8 * nt + tq; /* the B fragment's column: output t, k = node */
         float m[4];
 #pragma unroll
@@ -610,7 +611,7 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
         gdn__mma_bf16_m16n8k16(o[nt], r_hi[0], r_hi[1], r_hi[2], r_hi[3], m_hi[0], m_hi[1]);
     }
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++)
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int kr = 0; kr < KEPT; kr++)
 #pragma unroll

@@ -17,6 +17,7 @@ Test(tree, random_trees_ring_bf16) { tree_check_random(CPU, "tiny", GDN_VERIFY_R
 Test(tree, mixed_counts_cache) { tree_check_random(CPU, "tiny", GDN_VERIFY_CACHE, GDN_DTYPE_F32, 1, 4, 99, 7); }
 Test(tree, mixed_counts_fold) { tree_check_random(CPU, "tiny", GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 1, 4, 99, 8); }
 Test(tree, mixed_counts_ring) { tree_check_random(CPU, "tiny", GDN_VERIFY_RING, GDN_DTYPE_F32, 1, 4, 99, 9); }
+Test(tree, four_node_trees_fold_bf16) { tree_check_random_nodes(CPU, "tiny", GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 4, 4, 5, 27); }
 
 Test(tree, chain_tree_is_chain_cache) { tree_check_chain_is_chain(CPU, "tiny", GDN_VERIFY_CACHE, GDN_DTYPE_BF16, 11); }
 Test(tree, chain_tree_is_chain_fold) { tree_check_chain_is_chain(CPU, "tiny", GDN_VERIFY_FOLD, GDN_DTYPE_F32, 12); }

@@ -273,17 +273,16 @@ static double max_ratio(double a, double b, double abs_tol, double rel_tol)
 }
 
 /*
- * Random trees (or chains with counts when `chain`), nodes accepted in turn (`rounds` of them, every
- * node when rounds > T): outputs of every node and the committed state against the model, the
- * untouched slot bit-exact, no flag.
+ * Random trees of up to T nodes (or chains with counts when `chain`), nodes accepted in turn
+ * (`rounds` of them, every node when rounds > T): outputs of every node and the committed state
+ * against the model, the untouched slot bit-exact, no flag.
  */
-void tree_check_random(gdn_backend_kind backend, const char *preset, gdn_verify_strategy strategy, gdn_dtype sdt,
-                       int chain, int32_t B, int32_t rounds, uint64_t seed)
+static void random_case(gdn_backend_kind backend, const char *preset, gdn_verify_strategy strategy, gdn_dtype sdt,
+                        int chain, int32_t T, int32_t B, int32_t rounds, uint64_t seed)
 {
     tcase *c = tc_create(backend, preset, strategy, sdt, B, seed);
     const int32_t HV = c->HV, K = c->K, V = c->V;
     test_rng rng = test_rng_seeded(seed * 31 + 7);
-    const int32_t T = chain ? 8 : MAXT;
     for (int32_t i = 0; i < B; i++) {
         c->counts[i] = i == 0 ? 1 : 1 + test_rng_below(&rng, T); /* one n = 1 row */
         if (i == 1) c->counts[i] = T;
@@ -339,6 +338,18 @@ void tree_check_random(gdn_backend_kind backend, const char *preset, gdn_verify_
     cr_assert_leq(worst_state, 1.0, "state error %.3g x tolerance", worst_state);
     free(S), free(got);
     tc_free(c);
+}
+
+void tree_check_random(gdn_backend_kind backend, const char *preset, gdn_verify_strategy strategy, gdn_dtype sdt,
+                       int chain, int32_t B, int32_t rounds, uint64_t seed)
+{
+    random_case(backend, preset, strategy, sdt, chain, chain ? 8 : MAXT, B, rounds, seed);
+}
+
+void tree_check_random_nodes(gdn_backend_kind backend, const char *preset, gdn_verify_strategy strategy, gdn_dtype sdt,
+                             int32_t nodes, int32_t B, int32_t rounds, uint64_t seed)
+{
+    random_case(backend, preset, strategy, sdt, 0, nodes, B, rounds, seed);
 }
 
 /* A tree that is a chain (p = t - 1) against the chain path (parents NULL), mixed counts: outputs,
