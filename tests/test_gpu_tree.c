@@ -32,9 +32,10 @@ GPU_TREE_TEST(qwen3_next_trees_cache_bf16, tree_check_random(GPU, "qwen3-next", 
 GPU_TREE_TEST(qwen3_next_trees_fold_bf16, tree_check_random(GPU, "qwen3-next", GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 0, 40, 2, 22))
 GPU_TREE_TEST(qwen3_next_trees_fold_f32, tree_check_random(GPU, "qwen3-next", GDN_VERIFY_FOLD, GDN_DTYPE_F32, 0, 40, 2, 23))
 GPU_TREE_TEST(qwen3_next_trees_ring_f32, tree_check_random(GPU, "qwen3-next", GDN_VERIFY_RING, GDN_DTYPE_F32, 0, 40, 2, 24))
-/* Trees of up to 8 nodes: the big bf16 fold verify's one-node-tile form */
+/* Trees of up to 8 nodes: the big bf16 fold verify's one-node-tile form; fp32's split form at T = 8 */
 GPU_TREE_TEST(qwen3_next_small_trees_fold_bf16, tree_check_random_nodes(GPU, "qwen3-next", GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 8, 40, 2, 25))
 GPU_TREE_TEST(qwen3_next_four_node_trees_fold_bf16, tree_check_random_nodes(GPU, "qwen3-next", GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 4, 40, 5, 26))
+GPU_TREE_TEST(qwen3_next_small_trees_fold_f32, tree_check_random_nodes(GPU, "qwen3-next", GDN_VERIFY_FOLD, GDN_DTYPE_F32, 8, 40, 2, 28))
 
 GPU_TREE_TEST(chain_tree_is_chain_cache, tree_check_chain_is_chain(GPU, "tiny", GDN_VERIFY_CACHE, GDN_DTYPE_BF16, 11))
 GPU_TREE_TEST(chain_tree_is_chain_fold, tree_check_chain_is_chain(GPU, "tiny", GDN_VERIFY_FOLD, GDN_DTYPE_F32, 12))
