@@ -9,8 +9,8 @@
  *   chain16   every row a chain of T = 16 (as many tokens as the tree);
  *   pchain4, pchain16   the chains given as trees (parents t - 1), committed by node;
  *   tree8     an 8-node tree of depth 4 (two chains of four: parents -1 x2, 0..5), committed by node.
- * Each step commits a random node per row (chain and counts: a count drawn from 0..n; tree: a node
- * drawn from -1..15), so that fold and ring carry their accepted paths into the next step. Cold
+ * Each step commits a random node per row (chain and counts: a count drawn from 0..n; a shape with
+ * parents: a node drawn from -1..T - 1), so that fold and ring carry their accepted paths into the next step. Cold
  * state: rows rotate over G groups of B slots whose states exceed 4x the L2 size. The time is the
  * mean GPU time of a verify plus its commit (CUDA events over `steps` steps after as many warm-up
  * steps), and each row's ratio to chain4 of the same strategy is printed.
@@ -37,7 +37,7 @@ typedef struct setup {
     void *pool, *workspace, *q, *k, *v, *a, *b, *out;
     float *params;
     int32_t *rows;          /* [groups][B] read slots */
-    int32_t *counts[SHAPES], *parents, *chain_parents[SHAPES], *accepted; /* accepted: [steps][B] */
+    int32_t *counts[SHAPES], *parents[SHAPES], *accepted; /* parents: [B][T] of the tree shapes; accepted: [steps][B] */
     int32_t *flag;
 } setup;
 
@@ -63,17 +63,19 @@ static int upload_ints(int32_t *dst, const int32_t *src, size_t n)
     return cudaMemcpy(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess;
 }
 
-static int by_node(int s) { return s == 1 || s >= 5; }
 static int shape_tokens(int s) { return s == 1 || s == 4 || s == 6 ? TREE_T : s == 7 ? 8 : 4; }
+/* The tree shapes' roots: node t's parent is t - roots (-1 for the first roots nodes); 0: no parents. */
+static int shape_roots(int s) { return s == 1 ? 4 : s == 7 ? 2 : s == 5 || s == 6 ? 1 : 0; }
 
-/* Accepted values for `steps` steps of shape s: counts 0..n (chain, counts) or nodes -1..15 (tree). */
+/* Accepted values for `steps` steps of shape s: counts 0..n (chain, counts) or nodes -1..T - 1 (a
+ * shape with parents). */
 static int32_t *make_accepted(int s, int32_t B, int steps)
 {
     int32_t *h = malloc(sizeof(int32_t) * (size_t)B * steps);
     for (int64_t e = 0; e < (int64_t)B * steps; e++) {
         const int32_t i = (int32_t)(e % B);
         const int32_t n = s == 2 && i % 2 == 0 ? 1 : shape_tokens(s);
-        h[e] = by_node(s) ? (int32_t)(gdn_bench_rng_next() % (n + 1)) - 1 : (int32_t)(gdn_bench_rng_next() % (n + 1));
+        h[e] = (int32_t)(gdn_bench_rng_next() % (n + 1)) - (shape_roots(s) ? 1 : 0);
     }
     return h;
 }
@@ -83,7 +85,7 @@ static int run_shape(setup *c, int s, int steps, double *us)
     gdn_op_layer op = c->op;
     op.tokens = shape_tokens(s);
     op.token_counts = s == 2 || s == 3 ? c->counts[s] : NULL;
-    op.parents = s == 1 ? c->parents : s >= 5 ? c->chain_parents[s] : NULL;
+    op.parents = c->parents[s];
     int32_t *acc_h = make_accepted(s, c->B, steps);
     if (upload_ints(c->accepted, acc_h, (size_t)c->B * steps)) return 1;
     free(acc_h);
@@ -96,7 +98,7 @@ static int run_shape(setup *c, int s, int steps, double *us)
             op.read_slots = c->rows + (int64_t)(n % c->groups) * c->B;
             CHECK_GDN(gdn_op_layer_step(&op, NULL));
             const int32_t *acc = c->accepted + (int64_t)n * c->B;
-            CHECK_GDN(by_node(s) ? gdn_op_commit_node(&op, acc, NULL) : gdn_op_commit(&op, acc, NULL));
+            CHECK_GDN(op.parents ? gdn_op_commit_node(&op, acc, NULL) : gdn_op_commit(&op, acc, NULL));
         }
     }
     CHECK_CUDA(cudaEventRecord(stop, NULL));
@@ -147,22 +149,18 @@ static int bench_one(const char *preset, gdn_dtype sdt, gdn_verify_strategy stra
     if (upload_ints(c.rows, ints, (size_t)slots)) return 1;
     int32_t counts_h[SHAPES][1024], parents_h[1024 * TREE_T];
     if (B > 1024) return 1;
-    for (int32_t i = 0; i < B; i++) {
-        counts_h[2][i] = i % 2 == 0 ? 1 : 4, counts_h[3][i] = 4;
-        for (int t = 0; t < TREE_T; t++) parents_h[i * TREE_T + t] = t < 4 ? -1 : t - 4;
-    }
+    for (int32_t i = 0; i < B; i++) counts_h[2][i] = i % 2 == 0 ? 1 : 4, counts_h[3][i] = 4;
     for (int s = 2; s <= 3; s++) {
         CHECK_CUDA(cudaMalloc((void **)&c.counts[s], sizeof(int32_t) * B));
         if (upload_ints(c.counts[s], counts_h[s], (size_t)B)) return 1;
     }
-    CHECK_CUDA(cudaMalloc((void **)&c.parents, sizeof(int32_t) * B * TREE_T));
-    if (upload_ints(c.parents, parents_h, (size_t)B * TREE_T)) return 1;
-    for (int s = 5; s <= 7; s++) { /* [B][T]: chains, parent t - 1; tree8, two chains of four */
-        const int T = shape_tokens(s);
+    for (int s = 0; s < SHAPES; s++) {
+        const int T = shape_tokens(s), roots = shape_roots(s);
+        if (!roots) continue;
         for (int32_t i = 0; i < B; i++)
-            for (int t = 0; t < T; t++) parents_h[i * T + t] = s == 7 ? (t < 2 ? -1 : t - 2) : t - 1;
-        CHECK_CUDA(cudaMalloc((void **)&c.chain_parents[s], sizeof(int32_t) * B * T));
-        if (upload_ints(c.chain_parents[s], parents_h, (size_t)B * T)) return 1;
+            for (int t = 0; t < T; t++) parents_h[i * T + t] = t < roots ? -1 : t - roots;
+        CHECK_CUDA(cudaMalloc((void **)&c.parents[s], sizeof(int32_t) * B * T));
+        if (upload_ints(c.parents[s], parents_h, (size_t)B * T)) return 1;
     }
     CHECK_CUDA(cudaMalloc((void **)&c.accepted, sizeof(int32_t) * (size_t)B * steps));
     CHECK_CUDA(cudaMalloc((void **)&c.flag, 4));
@@ -194,9 +192,9 @@ static int bench_one(const char *preset, gdn_dtype sdt, gdn_verify_strategy stra
         for (int s = 0; s < SHAPES; s++)
             printf("%-11s %-5s %-5s B=%-4d %-8s %9.2f us  %5.2fx chain4\n", preset, sdt == GDN_DTYPE_F32 ? "f32" : "bf16",
                    strategy_names[strategy], B, shape_names[s], us[s], us[s] / us[0]);
-    void *all[] = {c.pool, c.workspace, c.q, c.k, c.v, c.a, c.b, c.out, c.params, c.rows, c.counts[2], c.counts[3],
-                   c.parents, c.chain_parents[5], c.chain_parents[6], c.chain_parents[7], c.accepted, c.flag};
+    void *all[] = {c.pool, c.workspace, c.q, c.k, c.v, c.a, c.b, c.out, c.params, c.rows, c.accepted, c.flag};
     for (size_t n = 0; n < sizeof all / sizeof all[0]; n++) cudaFree(all[n]);
+    for (int s = 0; s < SHAPES; s++) cudaFree(c.counts[s]), cudaFree(c.parents[s]);
     return bad;
 }
 
