@@ -155,31 +155,40 @@ inline cudaError_t gdn__launch(void (*kernel)(Params...), dim3 grid, dim3 block,
     return err;
 }
 
-/* Whether a grid of `ctas` CTAs of `threads` threads and `smem` bytes of shared memory all run at
- * once on this device (false when the runtime cannot tell). The occupancy is asked once per
- * (device, threads, smem) in a row: `memo` (the caller's, one per kernel) keeps the last answer. */
+/* How many CTAs of `threads` threads and `smem` bytes of shared memory an SM of this device holds at
+ * once (0 when the runtime cannot tell). The occupancy is asked once per (device, threads, smem) in a
+ * row: `memo` (the caller's, one per kernel and question) keeps the last answer. */
 template <typename Kernel>
-inline bool gdn__in_one_wave(Kernel kernel, int threads, size_t smem, int64_t ctas, std::atomic<uint64_t> &memo)
+inline int gdn__ctas_per_sm(Kernel kernel, int threads, size_t smem, std::atomic<uint64_t> &memo)
 {
-    int device = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    int device = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
         (void)cudaGetLastError();
-        return false;
+        return 0;
     }
     /* bit 63: valid; 62-55: device; 54-44: threads; 43-16: smem; 15-0: CTAs an SM */
     const uint64_t key = (1ull << 63) | ((uint64_t)(device & 0xff) << 55) | ((uint64_t)(threads & 0x7ff) << 44) |
                          ((uint64_t)(smem & 0xfffffff) << 16);
     const uint64_t known = memo.load(std::memory_order_relaxed);
-    if ((known & ~0xffffull) == key) {
-        per_sm = (int)(known & 0xffff);
-    } else {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return false;
-        }
-        memo.store(key | (uint64_t)(per_sm & 0xffff), std::memory_order_relaxed);
+    if ((known & ~0xffffull) == key) return (int)(known & 0xffff);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
     }
-    return (int64_t)per_sm * sms >= ctas;
+    memo.store(key | (uint64_t)(per_sm & 0xffff), std::memory_order_relaxed);
+    return per_sm;
+}
+/* Whether a grid of `ctas` such CTAs all run at once on this device (false when the runtime cannot tell). */
+template <typename Kernel>
+inline bool gdn__in_one_wave(Kernel kernel, int threads, size_t smem, int64_t ctas, std::atomic<uint64_t> &memo)
+{
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    const int per_sm = gdn__ctas_per_sm(kernel, threads, smem, memo);
+    return per_sm > 0 && (int64_t)per_sm * sms >= ctas;
 }
 
 /* True when `p` is aligned to `bytes`. */

@@ -369,7 +369,12 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int own0 = FOLD ? p.store_tokens : 0;
     const int tokens = own0 + T;
     const int keep_heads = kept_heads<KEEP_KEYS>(p);
-    shared_tokens s(smem + staged_floats<Geo, SETS>(blockDim.x), K, cta_rows,
+    /* Later row sets: their state is copied into shared memory during the previous set's work, or,
+     * with later_sets_direct (the big bf16 instance, where the launcher found that the staging region
+     * would leave fewer CTAs an SM), loaded at the set's start, and the region is not there. */
+    const bool stage_sets = SETS > 1 && sets > 1 && !(BIG_BF16 && p.later_sets_direct);
+    const size_t no_staging = BIG_BF16 && p.later_sets_direct ? staged_floats<Geo, SETS>(blockDim.x) : 0;
+    shared_tokens s(smem + staged_floats<Geo, SETS>(blockDim.x) - no_staging, K, cta_rows,
                     shared_tokens::capacity(FOLD, p.store_tokens, T), T, keep_heads);
     /* The mixer (SPEC 6; gdn_cuda_mixer.cuh): with the conv, the CTA's channels of the raw inputs as
      * one sequence [window of slot r; stored tokens; own tokens] in shared memory past the tokens. */
@@ -381,7 +386,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                            V, sizeof(I), p.mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, norm);
     char *mixer_base = reinterpret_cast<char *>(
         smem + mixer_smem_floats<Geo, SETS>(blockDim.x, K, cta_rows, shared_tokens::capacity(FOLD, p.store_tokens, T), T,
-                                            keep_heads));
+                                            keep_heads) - no_staging);
     /* Fold with a tree that is not a chain (a one-token step's never is): the tree form
      * (gdn_cuda_tree.cuh), its coefficients where the mixer's part would be. */
     const bool tree_form = !ONE_TOKEN && verifying() && !(BIG_TREE ? row_chain : row_is_chain(p.parents, i, T, plan.n));
@@ -584,7 +589,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                                   src + (int64_t)(row0 + set * tile_rows + rt * G) * K + (n * L + glane) * EV);
         gdn__copy_async_commit();
     };
-    if (SETS > 1 && sets > 1) stage_set(1, 0);
+    if (stage_sets) stage_set(1, 0);
 
     const int folds = KEEP_KEYS ? kept_folds : FOLD ? max(0, min(p.pending[r], p.store_tokens)) : 0;
     /* The direct fold decode's own token: its reads in flight with pending[r]'s, held raw across the
@@ -601,7 +606,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             token_gate(gdn__to_f32(a_in), gdn__to_f32(b_in), A, dt_bias, s.gate[threadIdx.x], s.beta[threadIdx.x]);
         if (tree_form && (int)threadIdx.x >= own0 && (int)threadIdx.x < tokens)
             ts.logd[threadIdx.x - own0] = token_log_decay(gdn__to_f32(a_in), A, dt_bias);
-        if (SETS > 1 && sets > 1) gdn__copy_async_wait_group<1>(); /* the tokens; the next set's state may go on */
+        if (stage_sets) gdn__copy_async_wait_group<1>(); /* the tokens; the next set's state may go on */
         else gdn__copy_async_wait_all();
         if (conv) {
             __syncthreads(); /* the whole raw sequence (each thread waited for its own copies) */
@@ -702,7 +707,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int64_t cache_token_stride = (int64_t)HV * state_elems;
     for (int set = 0; set < sets; set++) {
         const int set_row0 = row0 + set * tile_rows, set_local_row0 = local_row0 + set * tile_rows;
-        if (set > 0) { /* this set's state, copied to shared memory during the previous set's work */
+        if (set > 0 && !stage_sets) load_rows<K, S, Geo, WORDS>(src, st, set_row0, glane);
+        else if (set > 0) { /* this set's state, copied to shared memory during the previous set's work */
             gdn__copy_async_wait_all();
             uint32_t read = 0;
 #pragma unroll
@@ -952,7 +958,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const int cta_rows = sets * warps * Geo::ROWS_PER_WARP;
     const int tiles_per_head = p->V / cta_rows;
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
-    const size_t smem = smem_for(warps, cta_rows);
+    size_t smem = smem_for(warps, cta_rows);
     if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per device and instance, up to the largest case */
         constexpr int most_tokens = GDN_MAX_TOKENS;
         constexpr int most_capacity = most_tokens + most_tokens; /* shared_tokens::capacity(true, ...) */
@@ -969,6 +975,20 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         GDN__CUDA_TRY(gdn__opt_in_shared(kernel, (int)largest, opted_in));
     }
     gdn__layer_params q = *p;
+    /* The big bf16 fold verify's later row sets load their state directly (the kernel's stage_sets)
+     * where the staging region would leave fewer CTAs an SM: 16-token trees and chains at K = 128
+     * (bench/results/2026-11-28-h200-tree-direct-sets.md). */
+    constexpr bool BIG_BF16_VERIFY = FOLD && SHARED && !ONE_TOKEN && !MIXER && !KEEP_KEYS && REGS == big_regs<S>() && sizeof(S) == 2;
+    q.later_sets_direct = 0;
+    if constexpr (BIG_BF16_VERIFY)
+        if (sets > 1) {
+            static std::atomic<uint64_t> staged_memo{0}, direct_memo{0};
+            const size_t direct_smem = smem - sizeof(float) * staged_floats<Geo, SETS>(warps * 32);
+            if (gdn__ctas_per_sm(kernel, warps * 32, direct_smem, direct_memo) > gdn__ctas_per_sm(kernel, warps * 32, smem, staged_memo)) {
+                q.later_sets_direct = 1;
+                smem = direct_smem;
+            }
+        }
     constexpr bool SMALL_DECODE = small_decode<S, REGS, ONE_TOKEN>();
     if (!SMALL_DECODE && q.rows_from_preceding) q.rows_from_preceding = q.overlap_preceding = 0;
     q.allow_dependents_first = SMALL_DECODE && allows_dependents_first(q);
