@@ -178,15 +178,22 @@ inline int gdn__ctas_per_sm(Kernel kernel, int threads, size_t smem, std::atomic
     memo.store(key | (uint64_t)(per_sm & 0xffff), std::memory_order_relaxed);
     return per_sm;
 }
-/* Whether a grid of `ctas` such CTAs all run at once on this device (false when the runtime cannot tell). */
-template <typename Kernel>
-inline bool gdn__in_one_wave(Kernel kernel, int threads, size_t smem, int64_t ctas, std::atomic<uint64_t> &memo)
+/* This device's SMs (0 when the runtime cannot tell). */
+inline int gdn__sm_count()
 {
     int device = 0, sms = 0;
     if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
         (void)cudaGetLastError();
-        return false;
+        return 0;
     }
+    return sms;
+}
+/* Whether a grid of `ctas` such CTAs all run at once on this device (false when the runtime cannot tell). */
+template <typename Kernel>
+inline bool gdn__in_one_wave(Kernel kernel, int threads, size_t smem, int64_t ctas, std::atomic<uint64_t> &memo)
+{
+    const int sms = gdn__sm_count();
+    if (sms == 0) return false;
     const int per_sm = gdn__ctas_per_sm(kernel, threads, smem, memo);
     return per_sm > 0 && (int64_t)per_sm * sms >= ctas;
 }

@@ -270,7 +270,7 @@ template <int SETS, typename Ctas> inline int staged_verify_sets(int sets, int T
     return sets;
 }
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING, bool STAGED,
-          bool KEEP_KEYS, bool EARLY_FOLD>
+          bool KEEP_KEYS, bool EARLY_FOLD, bool DIRECT_SETS>
 __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                                   (resident_ctas<S, REGS, ONE_TOKEN, STAGED>())) layer_step_kernel(const gdn__layer_params p)
 {
@@ -279,6 +279,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                   "only the fold decode chooses its staging");
     static_assert(!KEEP_KEYS || (FOLD && STAGED && !ONE_TOKEN && !MIXER), "only the fold verify keeps its keys");
     static_assert(!EARLY_FOLD || KEEP_KEYS, "only the kept-keys instance folds before the wait");
+    static_assert(!DIRECT_SETS || (FOLD && STAGED && !ONE_TOKEN && !MIXER && !KEEP_KEYS && REGS == big_regs<S>()),
+                  "only the big fold verify loads its later sets directly");
     constexpr bool SHARED = STAGED;
     constexpr bool DIRECT_FOLD = FOLD && !SHARED; /* a fold decode that reads its stored tokens directly */
     constexpr int SETS = row_sets<SHARED>();
@@ -370,10 +372,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int tokens = own0 + T;
     const int keep_heads = kept_heads<KEEP_KEYS>(p);
     /* Later row sets: their state is copied into shared memory during the previous set's work, or,
-     * with later_sets_direct (the big bf16 instance, where the launcher found that the staging region
-     * would leave fewer CTAs an SM), loaded at the set's start, and the region is not there. */
-    const bool stage_sets = SETS > 1 && sets > 1 && !(BIG_BF16 && p.later_sets_direct);
-    const size_t no_staging = BIG_BF16 && p.later_sets_direct ? staged_floats<Geo, SETS>(blockDim.x) : 0;
+     * in the DIRECT_SETS instance (direct_sets_pay), loaded at the set's start, and the region is not
+     * there. */
+    const bool stage_sets = SETS > 1 && sets > 1 && !DIRECT_SETS;
+    const size_t no_staging = DIRECT_SETS ? staged_floats<Geo, SETS>(blockDim.x) : 0;
     shared_tokens s(smem + staged_floats<Geo, SETS>(blockDim.x) - no_staging, K, cta_rows,
                     shared_tokens::capacity(FOLD, p.store_tokens, T), T, keep_heads);
     /* The mixer (SPEC 6; gdn_cuda_mixer.cuh): with the conv, the CTA's channels of the raw inputs as
@@ -707,7 +709,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int64_t cache_token_stride = (int64_t)HV * state_elems;
     for (int set = 0; set < sets; set++) {
         const int set_row0 = row0 + set * tile_rows, set_local_row0 = local_row0 + set * tile_rows;
-        if (set > 0 && !stage_sets) load_rows<K, S, Geo, WORDS>(src, st, set_row0, glane);
+        if (DIRECT_SETS && set > 0) load_rows<K, S, Geo, WORDS>(src, st, set_row0, glane);
         else if (set > 0) { /* this set's state, copied to shared memory during the previous set's work */
             gdn__copy_async_wait_all();
             uint32_t read = 0;
@@ -910,7 +912,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
                : SHARED                ? staging_bytes<Geo, SETS>(warps_ * 32, K, cta_rows_, capacity, T, keep_heads, MIXER, parts)
                                        : 0;
     };
-    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED, KEEP_KEYS, EARLY_FOLD>;
+    auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED, KEEP_KEYS, EARLY_FOLD, false>;
     int warps = 4, sets = SETS; /* fewer sets, then fewer warps, until small grids reach every SM */
     while (sets > 1 && (p->V % (sets * warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
         sets /= 2;
@@ -959,10 +961,10 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const int tiles_per_head = p->V / cta_rows;
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
     size_t smem = smem_for(warps, cta_rows);
-    if (smem > 48 * 1024) { /* K = 256 with many tokens: opt in once per device and instance, up to the largest case */
+    /* K = 256 or many tokens: opt in once per device and instance, up to the largest case */
+    const auto largest_smem = [&] {
         constexpr int most_tokens = GDN_MAX_TOKENS;
         constexpr int most_capacity = most_tokens + most_tokens; /* shared_tokens::capacity(true, ...) */
-        static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
         const mixer_smem largest_parts(K, GDN__MAX_HEAD_DIM, MIXER ? GDN__MAX_CONV_WIDTH : 0, most_capacity, most_tokens,
                                        GDN__MAX_HEAD_DIM, sizeof(I), 4, MIXER);
         const int most_kept = KEEP_KEYS ? GDN__KEPT_HEADS_MAX : 0;
@@ -972,27 +974,39 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
             const size_t largest_tree = tree_staging(128, GDN__MAX_HEAD_DIM, most_tokens, most_capacity, most_kept, largest_parts);
             if (largest_tree > largest) largest = largest_tree;
         }
-        GDN__CUDA_TRY(gdn__opt_in_shared(kernel, (int)largest, opted_in));
+        return (int)largest;
+    };
+    if (smem > 48 * 1024) {
+        static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
+        GDN__CUDA_TRY(gdn__opt_in_shared(kernel, largest_smem(), opted_in));
     }
-    gdn__layer_params q = *p;
-    /* The big bf16 fold verify's later row sets load their state directly (the kernel's stage_sets)
-     * where the staging region would leave fewer CTAs an SM: 16-token trees and chains at K = 128
-     * (bench/results/2026-11-28-h200-tree-direct-sets.md). */
-    constexpr bool BIG_BF16_VERIFY = FOLD && SHARED && !ONE_TOKEN && !MIXER && !KEEP_KEYS && REGS == big_regs<S>() && sizeof(S) == 2;
-    q.later_sets_direct = 0;
-    if constexpr (BIG_BF16_VERIFY)
+    /* The big fold verify's later row sets: its DIRECT_SETS instance loads them at each set's start
+     * and has no staging region. It runs where that adds CTAs an SM and the grid would take more than
+     * two waves with the region (16-token steps at large batches; on smaller grids the exposed loads
+     * cost more than the CTAs gain: bench/results/2026-11-28-h200-tree-direct-sets.md). */
+    constexpr bool BIG_VERIFY = FOLD && SHARED && !ONE_TOKEN && !MIXER && !KEEP_KEYS && REGS == big_regs<S>();
+    auto chosen = kernel;
+    if constexpr (BIG_VERIFY)
         if (sets > 1) {
-            static std::atomic<uint64_t> staged_memo{0}, direct_memo{0};
+            auto direct = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED, KEEP_KEYS, EARLY_FOLD, true>;
             const size_t direct_smem = smem - sizeof(float) * staged_floats<Geo, SETS>(warps * 32);
-            if (gdn__ctas_per_sm(kernel, warps * 32, direct_smem, direct_memo) > gdn__ctas_per_sm(kernel, warps * 32, smem, staged_memo)) {
-                q.later_sets_direct = 1;
+            if (direct_smem > 48 * 1024) {
+                static std::atomic<bool> direct_opted_in[GDN__MAX_DEVICES];
+                GDN__CUDA_TRY(gdn__opt_in_shared(direct, largest_smem(), direct_opted_in));
+            }
+            static std::atomic<uint64_t> staged_memo{0}, direct_memo{0};
+            const int staged_per_sm = gdn__ctas_per_sm(kernel, warps * 32, smem, staged_memo);
+            const int direct_per_sm = gdn__ctas_per_sm(direct, warps * 32, direct_smem, direct_memo);
+            if (direct_per_sm > staged_per_sm && (int64_t)grid.x * grid.y > 2 * (int64_t)staged_per_sm * gdn__sm_count()) {
+                chosen = direct;
                 smem = direct_smem;
             }
         }
+    gdn__layer_params q = *p;
     constexpr bool SMALL_DECODE = small_decode<S, REGS, ONE_TOKEN>();
     if (!SMALL_DECODE && q.rows_from_preceding) q.rows_from_preceding = q.overlap_preceding = 0;
     q.allow_dependents_first = SMALL_DECODE && allows_dependents_first(q);
-    GDN__CUDA_TRY(gdn__launch(kernel, grid, dim3(warps * 32), smem, stream, q.overlap_preceding != 0, q));
+    GDN__CUDA_TRY(gdn__launch(chosen, grid, dim3(warps * 32), smem, stream, q.overlap_preceding != 0, q));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
 }

@@ -200,9 +200,6 @@ typedef struct gdn__layer_params {
     /* Set by the launcher: the kernel allows its dependents to launch first thing, not after its
      * wait (cuda_common.cuh says what that keeps safe). */
     int32_t allow_dependents_first;
-    /* Set by the launcher: the big bf16 fold verify loads its later row sets' state directly at each
-     * set's start, with no shared staging region (gdn_cuda_layer_kernel.cuh, later_sets_direct). */
-    int32_t later_sets_direct;
 
     /* Fold strategy; token_store == NULL selects the cache strategy (or a plain update). */
     void *token_store;         /* [num_slots][store_tokens][token elements] in input_dtype */
