@@ -45,9 +45,10 @@
  * verify strategy: the slot's pending tokens are folded first, without outputs), MIXER (the whole
  * mixer step, SPEC 6: gdn_cuda_mixer.cuh; its conv and norm each switch on at run time), RING (the
  * ring's write-through decode), STAGED (tokens prepared in shared memory: see staged_by_default),
- * KEEP_KEYS (the fold verify on small grids: keeps_keys_on) and EARLY_FOLD (its twin that folds
- * before the wait: folds_early). V, T, HK, HV and the cache flag are runtime values. With FOLD or
- * MIXER false their branches are compile-time constants.
+ * KEEP_KEYS (the fold verify on small grids: keeps_keys_on), EARLY_FOLD (its twin that folds
+ * before the wait: folds_early) and DIRECT_SETS (the big fold verify's twin without the staging
+ * region, whose later row sets load their own state: launch_regs). V, T, HK, HV and the cache flag
+ * are runtime values. With FOLD or MIXER false their branches are compile-time constants.
  */
 #include <type_traits>
 
@@ -372,8 +373,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int tokens = own0 + T;
     const int keep_heads = kept_heads<KEEP_KEYS>(p);
     /* Later row sets: their state is copied into shared memory during the previous set's work, or,
-     * in the DIRECT_SETS instance (direct_sets_pay), loaded at the set's start, and the region is not
-     * there. */
+     * in the DIRECT_SETS instance (launch_regs picks it), loaded at the set's start, and the region
+     * is not there. */
     const bool stage_sets = SETS > 1 && sets > 1 && !DIRECT_SETS;
     const size_t no_staging = DIRECT_SETS ? staged_floats<Geo, SETS>(blockDim.x) : 0;
     shared_tokens s(smem + staged_floats<Geo, SETS>(blockDim.x) - no_staging, K, cta_rows,
