@@ -67,42 +67,38 @@ Test(gpu_fold, sixteen_token_verifies_match_the_host_model, .timeout = 900)
         }
 }
 
-/* Batches of up to 64 rows: the fold kernel's launches with three and four row sets per CTA (the
- * next set's state staged in shared memory while the current one runs) only happen on large grids. */
-Test(gpu_fold, large_batches_match_the_host_model, .timeout = 900)
+/* qwen3-next on batches of up to 64 rows, both state dtypes, verify steps of up to max_tokens tokens:
+ * `steps` steps, seeded seed (fp32) and seed + 1 (bf16). */
+static void check_large_batches(int32_t max_tokens, int32_t steps, uint64_t seed)
 {
-    test_require_gpu();
     const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
     for (int d = 0; d < 2; d++) {
         scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
-                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_FOLD, .layers = 1, .steps = 40,
-                              .num_slots = 80, .max_batch = 64, .max_tokens = 4, .check_every = 4,
-                              .min_live = 60, .seed = 730 + (uint64_t)d};
+                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_FOLD, .layers = 1, .steps = steps,
+                              .num_slots = 80, .max_batch = 64, .max_tokens = max_tokens, .check_every = 4,
+                              .min_live = 60, .seed = seed + (uint64_t)d};
         scenario_result r = run_scenario(&o);
-        cr_log_info("qwen3-next %s, B <= 64: worst state %.1f%%, output %.1f%% of tolerance, largest bucket %d",
-                    d ? "bf16" : "fp32", 100 * r.worst_state, 100 * r.worst_output, r.largest_bucket);
+        cr_log_info("qwen3-next %s, B <= 64, T <= %d: worst state %.1f%%, output %.1f%% of tolerance, largest bucket %d",
+                    d ? "bf16" : "fp32", max_tokens, 100 * r.worst_state, 100 * r.worst_output, r.largest_bucket);
         if (test_full_length()) cr_assert_gt(r.verify_steps, 0);
         cr_assert_geq(r.largest_bucket, 32); /* qwen3-next: four row sets per CTA from B = 32 on */
     }
 }
 
-/* Verify steps of up to 16 tokens on batches of up to 64 rows: with bf16 state the fold kernel's
- * large grids load their later row sets directly there (no staging region, later_sets_direct). */
+/* Batches of up to 64 rows: the fold kernel's launches with three and four row sets per CTA (the
+ * next set's state staged in shared memory while the current one runs) only happen on large grids. */
+Test(gpu_fold, large_batches_match_the_host_model, .timeout = 900)
+{
+    test_require_gpu();
+    check_large_batches(4, 40, 730);
+}
+
+/* Verify steps of up to 16 tokens on batches of up to 64 rows: there the fold kernel's large grids
+ * run its DIRECT_SETS instance (no staging region; each later row set loads its own state). */
 Test(gpu_fold, sixteen_token_verifies_on_large_batches_match_the_host_model, .timeout = 900)
 {
     test_require_gpu();
-    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
-    for (int d = 0; d < 2; d++) {
-        scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
-                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_FOLD, .layers = 1, .steps = 24,
-                              .num_slots = 80, .max_batch = 64, .max_tokens = GDN_MAX_TOKENS, .check_every = 4,
-                              .min_live = 60, .seed = 740 + (uint64_t)d};
-        scenario_result r = run_scenario(&o);
-        cr_log_info("qwen3-next %s, B <= 64, T <= 16: worst state %.1f%%, output %.1f%% of tolerance, largest bucket %d",
-                    d ? "bf16" : "fp32", 100 * r.worst_state, 100 * r.worst_output, r.largest_bucket);
-        if (test_full_length()) cr_assert_gt(r.verify_steps, 0);
-        cr_assert_geq(r.largest_bucket, 32);
-    }
+    check_large_batches(GDN_MAX_TOKENS, 24, 740);
 }
 
 /* The ring strategy on the tiny preset, both state dtypes, rings of 4 and 16 records (T <= 4): rings
