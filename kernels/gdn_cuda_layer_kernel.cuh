@@ -270,6 +270,13 @@ template <int SETS, typename Ctas> inline int staged_verify_sets(int sets, int T
     }
     return sets;
 }
+/* The big fold verify: the fold strategy's staged verify with the most state a thread (large grids),
+ * neither the mixer's nor the kept-keys one. Its tree form and its DIRECT_SETS twin are its own. */
+template <typename S, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool STAGED, bool KEEP_KEYS>
+constexpr bool big_fold_verify()
+{
+    return FOLD && STAGED && !ONE_TOKEN && !MIXER && !KEEP_KEYS && REGS == big_regs<S>();
+}
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING, bool STAGED,
           bool KEEP_KEYS, bool EARLY_FOLD, bool DIRECT_SETS>
 __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
@@ -280,7 +287,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                   "only the fold decode chooses its staging");
     static_assert(!KEEP_KEYS || (FOLD && STAGED && !ONE_TOKEN && !MIXER), "only the fold verify keeps its keys");
     static_assert(!EARLY_FOLD || KEEP_KEYS, "only the kept-keys instance folds before the wait");
-    static_assert(!DIRECT_SETS || (FOLD && STAGED && !ONE_TOKEN && !MIXER && !KEEP_KEYS && REGS == big_regs<S>()),
+    static_assert(!DIRECT_SETS || big_fold_verify<S, REGS, ONE_TOKEN, FOLD, MIXER, STAGED, KEEP_KEYS>(),
                   "only the big fold verify loads its later sets directly");
     constexpr bool SHARED = STAGED;
     constexpr bool DIRECT_FOLD = FOLD && !SHARED; /* a fold decode that reads its stored tokens directly */
@@ -290,7 +297,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT;
     /* The fold verify's big instance runs a tree in the big instances' form (gdn_cuda_tree.cuh); the
      * others keep the form they were measured with. */
-    constexpr bool BIG_TREE = FOLD && SHARED && !ONE_TOKEN && !MIXER && !KEEP_KEYS && REGS == big_regs<S>();
+    constexpr bool BIG_TREE = big_fold_verify<S, REGS, ONE_TOKEN, FOLD, MIXER, STAGED, KEEP_KEYS>();
     /* Its bf16 form: the lane plan, the vector v store and the staging of the folded tokens only
      * (bench/results/2026-11-27-h100-tree-path-rounds.md; the other instances measured slower so). */
     constexpr bool BIG_BF16 = BIG_TREE && sizeof(S) == 2;
@@ -985,9 +992,8 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
      * and has no staging region. It runs where that adds CTAs an SM and the grid would take more than
      * two waves with the region (16-token steps at large batches; on smaller grids the exposed loads
      * cost more than the CTAs gain: bench/results/2026-11-28-h200-tree-direct-sets.md). */
-    constexpr bool BIG_VERIFY = FOLD && SHARED && !ONE_TOKEN && !MIXER && !KEEP_KEYS && REGS == big_regs<S>();
     auto chosen = kernel;
-    if constexpr (BIG_VERIFY)
+    if constexpr (big_fold_verify<S, REGS, ONE_TOKEN, FOLD, MIXER, STAGED, KEEP_KEYS>())
         if (sets > 1) {
             auto direct = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED, KEEP_KEYS, EARLY_FOLD, true>;
             const size_t direct_smem = smem - sizeof(float) * staged_floats<Geo, SETS>(warps * 32);
