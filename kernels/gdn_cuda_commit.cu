@@ -22,6 +22,18 @@
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
 
+/* A commit row's slots, token count and accepted entry, read together: one round trip after the
+ * wait, not one for each of them in turn. */
+struct commit_row_ids {
+    int64_t r, w;
+    int32_t count, accepted;
+};
+__device__ __forceinline__ commit_row_ids read_commit_ids(const gdn__commit_params &p, int64_t i)
+{
+    const int64_t r = p.read_slots[i];
+    return {r, p.write_slots ? (int64_t)p.write_slots[i] : r, p.token_counts ? p.token_counts[i] : p.T, p.accepted[i]};
+}
+
 #define GDN__COMMIT_THREADS 256
 #define GDN__COMMIT_VECS 4 /* vectors per thread */
 
@@ -33,16 +45,16 @@ __global__ void __launch_bounds__(GDN__COMMIT_THREADS) commit_kernel(const gdn__
     gdn__allow_dependents();
     const int64_t i = blockIdx.y;
     const int64_t l = blockIdx.z;
-    const int64_t r = p.read_slots[i];
+    const commit_row_ids row = read_commit_ids(p, i);
+    const int64_t r = row.r, w = row.w;
     if (r < 0) return;
-    const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
     if (gdn__row_slots_invalid(r, w, p.num_slots)) {
         if (p.error_flag && blockIdx.x == 0 && l == 0 && threadIdx.x == 0) *p.error_flag = 1;
         return;
     }
     int32_t path[GDN_MAX_TOKENS];
     int flag = 0;
-    const int32_t n = gdn__commit_path(&p, i, path, &flag);
+    const int32_t n = gdn__commit_path_of(&p, row.count, row.accepted, p.parents ? p.parents + i * p.T : nullptr, path, &flag);
     if (flag && p.error_flag && blockIdx.x == 0 && l == 0 && threadIdx.x == 0) *p.error_flag = 1;
     if (n <= 0) return;
     const int32_t node = p.parents ? path[n - 1] : n - 1;
@@ -83,16 +95,29 @@ template <typename U> static gdn_status launch(const gdn__commit_params *p, int6
 }
 
 /* Fold, ring: one CTA per (row, layer). With a tree the accepted path's entries move to the front
- * first (gdn_kernel_params.h), one entry after the other: an entry's source may be a later entry's
- * destination, so each copy completes (barrier) before the next begins. U: the copy unit. */
-template <typename U> __global__ void __launch_bounds__(128) commit_pending_kernel(const gdn__commit_params p)
+ * first (gdn_kernel_params.h): entry j of the path (root first, so path[j] >= j) goes from position
+ * path[j] to j. The entries that move are a suffix (once path[j] > j, every later one is too). They
+ * move in rounds of GDN__COMMIT_MOVE_VECS units a thread, each round's loads all issued before a
+ * barrier and its stores after it: a round reads only positions past every earlier round's
+ * destinations, and a source that a later round overwrites was read before that round's barrier.
+ * So a round costs one round trip (a loop of a load and its store costs one a unit: the compiler
+ * cannot move a load past a store that may alias it). Without a tree only thread 0 works (the
+ * count), so those launches take one warp. U: the copy unit. */
+#define GDN__COMMIT_MOVE_THREADS 256
+#define GDN__COMMIT_MOVE_VECS 8
+template <typename U> __global__ void __launch_bounds__(GDN__COMMIT_MOVE_THREADS) commit_pending_kernel(const gdn__commit_params p)
 {
     if (p.overlap_preceding) gdn__wait_preceding();
     gdn__allow_dependents();
     const int64_t i = blockIdx.x, l = blockIdx.y;
-    const int64_t r = p.read_slots[i];
+    const commit_row_ids row = read_commit_ids(p, i);
+    int32_t parents[GDN_MAX_TOKENS]; /* with a tree: the row's parents, read beside the rest */
+    if (p.parents)
+#pragma unroll
+        for (int t = 0; t < GDN_MAX_TOKENS; t++)
+            if (t < p.T) parents[t] = p.parents[i * p.T + t];
+    const int64_t r = row.r, w = row.w;
     if (r < 0) return;
-    const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
     const bool reports = l == 0 && threadIdx.x == 0;
     if (gdn__row_slots_invalid(r, w, p.num_slots)) {
         if (p.error_flag && reports) *p.error_flag = 1;
@@ -100,7 +125,7 @@ template <typename U> __global__ void __launch_bounds__(128) commit_pending_kern
     }
     int32_t path[GDN_MAX_TOKENS];
     int flag = 0;
-    const int32_t n = gdn__commit_path(&p, i, path, &flag);
+    const int32_t n = gdn__commit_path_of(&p, row.count, row.accepted, p.parents ? parents : nullptr, path, &flag);
     if (flag && p.error_flag && reports) *p.error_flag = 1;
     if (n < 0) return;
     int32_t *count = (p.ring_count ? p.ring_count : p.pending) + l * p.counts_layer_stride + w;
@@ -112,12 +137,27 @@ template <typename U> __global__ void __launch_bounds__(128) commit_pending_kern
         }
         char *slot = static_cast<char *>(p.entries) + l * p.entries_layer_bytes + w * p.entry_slot_bytes;
         const int64_t units = p.entry_bytes / (int64_t)sizeof(U);
-        for (int32_t j = 0; j < n; j++) {
-            if (path[j] == j) continue; /* uniform over the CTA */
-            const U *src = reinterpret_cast<const U *>(slot + (base + path[j]) * p.entry_bytes);
-            U *dst = reinterpret_cast<U *>(slot + (base + j) * p.entry_bytes);
-            for (int64_t c = threadIdx.x; c < units; c += blockDim.x) dst[c] = src[c];
+        int32_t first = n; /* the first entry that moves */
+        for (int32_t j = n - 1; j >= 0 && path[j] != j; j--) first = j;
+        const int64_t moved = (int64_t)(n - first) * units;
+        const U *src_base = reinterpret_cast<const U *>(slot + base * p.entry_bytes);
+        U *dst_base = reinterpret_cast<U *>(slot + base * p.entry_bytes);
+        for (int64_t round = 0; round < moved; round += (int64_t)GDN__COMMIT_MOVE_VECS * blockDim.x) { /* uniform */
+            U buf[GDN__COMMIT_MOVE_VECS];
+#pragma unroll
+            for (int u = 0; u < GDN__COMMIT_MOVE_VECS; u++) {
+                const int64_t e = round + (int64_t)u * blockDim.x + threadIdx.x;
+                if (e < moved) {
+                    const int32_t j = first + (int32_t)(e / units);
+                    buf[u] = src_base[path[j] * units + e % units];
+                }
+            }
             __syncthreads();
+#pragma unroll
+            for (int u = 0; u < GDN__COMMIT_MOVE_VECS; u++) {
+                const int64_t e = round + (int64_t)u * blockDim.x + threadIdx.x;
+                if (e < moved) dst_base[first * units + e] = buf[u];
+            }
         }
         __syncthreads(); /* every thread has read the base before thread 0 moves it */
     }
@@ -136,7 +176,8 @@ static gdn_status commit_counts(const gdn__commit_params *p, cudaStream_t stream
     };
     const bool wide = !p->parents || aligned(16);
     auto kernel = wide ? commit_pending_kernel<int4> : aligned(4) ? commit_pending_kernel<unsigned> : commit_pending_kernel<unsigned char>;
-    GDN__CUDA_TRY(gdn__launch(kernel, grid, dim3(128), 0, stream, p->overlap_preceding != 0, *p));
+    const dim3 threads(p->parents ? GDN__COMMIT_MOVE_THREADS : 32);
+    GDN__CUDA_TRY(gdn__launch(kernel, grid, threads, 0, stream, p->overlap_preceding != 0, *p));
     GDN__CUDA_TRY(gdn__cuda_launch_error());
     return GDN_OK;
 }
@@ -148,13 +189,13 @@ __global__ void __launch_bounds__(GDN__WINDOW_THREADS) commit_windows_kernel(con
     if (p.overlap_preceding) gdn__wait_preceding();
     gdn__allow_dependents();
     const int64_t i = blockIdx.y, l = blockIdx.z;
-    const int64_t r = p.read_slots[i];
+    const commit_row_ids row = read_commit_ids(p, i);
+    const int64_t r = row.r, w = row.w;
     if (r < 0) return;
-    const int64_t w = p.write_slots ? (int64_t)p.write_slots[i] : r;
     if (gdn__row_slots_invalid(r, w, p.num_slots)) return; /* flagged by the state's commit */
     int flag = 0; /* raised by the state's commit */
     int32_t path[GDN_MAX_TOKENS];
-    const int32_t n = gdn__commit_path(&p, i, path, &flag);
+    const int32_t n = gdn__commit_path_of(&p, row.count, row.accepted, p.parents ? p.parents + i * p.T : nullptr, path, &flag);
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (n <= 0 || c >= p.conv_dim) return;
     const int rows = p.conv_width - 1;

@@ -439,23 +439,32 @@ static inline GDN__HOST_DEVICE gdn__row_plan gdn__plan_row(const int32_t *token_
     return plan;
 }
 
-/* The accepted path of commit row i (a live row: its slots checked), root first, into path (written
- * only with parents; a chain's path is 0..n-1): its length, or -1 when the row commits nothing
- * because its count, its accepted node or a parent on the way is out of range. *flag becomes 1
- * whenever a value was out of range (an accepted count is clamped into 0..n and still committed). */
-static inline GDN__HOST_DEVICE int32_t gdn__commit_path(const gdn__commit_params *p, int64_t i, int32_t *path, int *flag)
+/* The accepted path of a commit row (a live row: its slots checked) from its values: `count` its
+ * token count (T without counts), `accepted` its accepted[] entry, `row_parents` its T parents (NULL:
+ * a chain). Root first, into path (written only with parents; a chain's path is 0..n-1): its length,
+ * or -1 when the row commits nothing because its count, its accepted node or a parent on the way is
+ * out of range. *flag becomes 1 whenever a value was out of range (an accepted count is clamped into
+ * 0..n and still committed). */
+static inline GDN__HOST_DEVICE int32_t gdn__commit_path_of(const gdn__commit_params *p, int32_t count, int32_t accepted,
+                                                          const int32_t *row_parents, int32_t *path, int *flag)
 {
-    const int32_t count = p->token_counts ? p->token_counts[i] : p->T;
-    int32_t node = p->accepted[i];
+    int32_t node = accepted;
     if (!p->accepted_nodes) {
         if (node < 0 || node > count) *flag = 1;
         node = (node < 0 ? 0 : (node > count ? count : node)) - 1;
     }
     int32_t n = -1;
     if (count >= 1 && count <= p->T && count <= GDN_MAX_TOKENS)
-        n = p->parents ? gdn__tree_path(p->parents + i * p->T, count, node, path) : (node >= -1 && node < count ? node + 1 : -1);
+        n = row_parents ? gdn__tree_path(row_parents, count, node, path) : (node >= -1 && node < count ? node + 1 : -1);
     if (n < 0) *flag = 1;
     return n;
+}
+
+/* The same for commit row i, read from p's arrays. */
+static inline GDN__HOST_DEVICE int32_t gdn__commit_path(const gdn__commit_params *p, int64_t i, int32_t *path, int *flag)
+{
+    return gdn__commit_path_of(p, p->token_counts ? p->token_counts[i] : p->T, p->accepted[i],
+                               p->parents ? p->parents + i * p->T : NULL, path, flag);
 }
 
 /* Device-side slot operations (one launch for all layers): first, when set_at != NULL,
