@@ -140,8 +140,7 @@ template <typename U> __global__ void __launch_bounds__(GDN__COMMIT_MOVE_THREADS
         int32_t first = n; /* the first entry that moves */
         for (int32_t j = n - 1; j >= 0 && path[j] != j; j--) first = j;
         const int64_t moved = (int64_t)(n - first) * units;
-        const U *src_base = reinterpret_cast<const U *>(slot + base * p.entry_bytes);
-        U *dst_base = reinterpret_cast<U *>(slot + base * p.entry_bytes);
+        U *const entries = reinterpret_cast<U *>(slot + base * p.entry_bytes); /* entry j: entries + j * units */
         for (int64_t round = 0; round < moved; round += (int64_t)GDN__COMMIT_MOVE_VECS * blockDim.x) { /* uniform */
             U buf[GDN__COMMIT_MOVE_VECS];
 #pragma unroll
@@ -149,14 +148,14 @@ template <typename U> __global__ void __launch_bounds__(GDN__COMMIT_MOVE_THREADS
                 const int64_t e = round + (int64_t)u * blockDim.x + threadIdx.x;
                 if (e < moved) {
                     const int32_t j = first + (int32_t)(e / units);
-                    buf[u] = src_base[path[j] * units + e % units];
+                    buf[u] = entries[path[j] * units + e % units];
                 }
             }
             __syncthreads();
 #pragma unroll
             for (int u = 0; u < GDN__COMMIT_MOVE_VECS; u++) {
                 const int64_t e = round + (int64_t)u * blockDim.x + threadIdx.x;
-                if (e < moved) dst_base[first * units + e] = buf[u];
+                if (e < moved) entries[first * units + e] = buf[u];
             }
         }
         __syncthreads(); /* every thread has read the base before thread 0 moves it */
