@@ -787,7 +787,6 @@ static gdn_status check_counts_and_parents(const gdn_engine *e, const gdn_step *
     *variant = (step->token_counts ? GDN__VARIANT_COUNTS : 0) | (step->parents ? GDN__VARIANT_PARENTS : 0);
     if (!*variant) return GDN_OK;
     if (step->kind == GDN_STEP_DECODE) return step->token_counts ? GDN_ESTEP_TOKENS : GDN_ESTEP_PARENTS;
-    if (step->parents && gdn__config_mixer_on(&e->config) && ring(e)) return GDN_ENOTSUP; /* as the op layer (gdn_op.h) */
     const int32_t T = step->tokens;
     for (int32_t i = 0; i < step->batch; i++) {
         if (step->slots[i] < 0) continue; /* padding rows ignore theirs */

@@ -489,8 +489,6 @@ static gdn_status check_step(const gdn_op_layer *op, gdn__op_stack *s)
     if (op->mixer && op->mixer->norm_weight && !op->z.data) return GDN_EINVAL;
     if (op->mixer && op->backend == GDN_BACKEND_CUDA && !gdn__cuda_mixer_runs(op->strategy, op->model.head_dim_k))
         return GDN_ENOTSUP;
-    if (op->parents && op->mixer && op->strategy == GDN_VERIFY_RING)
-        return GDN_ENOTSUP; /* the ring with a mixer and a tree: untested */
     return GDN_OK;
 }
 

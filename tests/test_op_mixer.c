@@ -507,20 +507,54 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
             cur = &forked;
         }
         int32_t pending = mx->pending[s];
-        if (parents) { /* a tree (cache or fold): each node from the state after its parent */
+        if (parents) { /* a tree: each node from the state after its parent */
             const int32_t Ti = counts ? counts[i] : T;
             const int32_t *par = parents + (int64_t)i * T;
             for (int32_t t = 0; t < Ti; t++) tree_node(mx, cur, par, t, x, a, b, z, out + (int64_t)t * HVV);
             int32_t path[MAX_T];
             const int32_t len = tree_path_of(par, accepted[i], path);
-            /* fold stores the folded state before its own tokens; the accepted path then runs from it */
-            if (strategy == GDN_VERIFY_FOLD) store_into(mx, cur, w, "the write-back before a tree verify");
-            for (int32_t j = 0; j < len; j++)
-                cr_assert_eq(gdn__ref_mixer_token(&mx->m, cur, x + (int64_t)path[j] * C, a + (int64_t)path[j] * HV,
-                                                  b + (int64_t)path[j] * HV, z ? z + (int64_t)path[j] * HVV : NULL, scratch),
-                             GDN_OK);
+            /* The ring writes back first when the tree does not fit its ring (or the row forks), as a chain. */
+            const int ring_store_first =
+                strategy == GDN_VERIFY_RING && (fork || pending + T > (RING_LENGTH > MAX_T ? RING_LENGTH : MAX_T));
+            if (ring_store_first) {
+                /* The path's records hold corrections u from the unrounded state: replayed over the
+                 * written-back (rounded) state they give the unrounded run plus the write-back's rounding
+                 * error decayed by the path's gates, as a chain's above. */
+                gdn__mixer_ref_slot run, ck;
+                cr_assert_eq(gdn__ref_mixer_slot_init(&run, &mx->m), GDN_OK);
+                cr_assert_eq(gdn__ref_mixer_slot_init(&ck, &mx->m), GDN_OK);
+                gdn__ref_mixer_slot_copy(&mx->m, &run, cur);
+                gdn__ref_mixer_slot_copy(&mx->m, &ck, cur);
+                store_into(mx, &ck, w, "a ring write-back before a tree verify");
+                for (int32_t j = 0; j < len; j++)
+                    cr_assert_eq(gdn__ref_mixer_token(&mx->m, &run, x + (int64_t)path[j] * C, a + (int64_t)path[j] * HV,
+                                                      b + (int64_t)path[j] * HV, z ? z + (int64_t)path[j] * HVV : NULL,
+                                                      scratch),
+                                 GDN_OK);
+                const int64_t head = (int64_t)mx->V * mx->K;
+                for (int64_t h = 0; h < HV; h++) {
+                    double decay = 1.0;
+                    for (int32_t j = 0; j < len; j++) {
+                        double g;
+                        gdn__ref_gdn_gates(a[path[j] * HV + h], b[path[j] * HV + h], mx->dparams[h], mx->dparams[HV + h], &g,
+                                           NULL);
+                        decay *= g;
+                    }
+                    for (int64_t e = h * head; e < (h + 1) * head; e++) run.S[e] += decay * (ck.S[e] - cur->S[e]);
+                }
+                gdn__ref_mixer_slot_copy(&mx->m, cur, &run);
+                gdn__ref_mixer_slot_free(&run), gdn__ref_mixer_slot_free(&ck);
+            } else {
+                /* fold stores the folded state before its own tokens; the accepted path then runs from it */
+                if (strategy == GDN_VERIFY_FOLD) store_into(mx, cur, w, "the write-back before a tree verify");
+                for (int32_t j = 0; j < len; j++)
+                    cr_assert_eq(gdn__ref_mixer_token(&mx->m, cur, x + (int64_t)path[j] * C, a + (int64_t)path[j] * HV,
+                                                      b + (int64_t)path[j] * HV, z ? z + (int64_t)path[j] * HVV : NULL,
+                                                      scratch),
+                                 GDN_OK);
+            }
             if (strategy == GDN_VERIFY_CACHE) store_into(mx, cur, w, "a tree commit"), pending = 0;
-            else pending = len;
+            else pending = (strategy == GDN_VERIFY_RING && !ring_store_first ? pending : 0) + len;
         } else if (kind == GDN_STEP_DECODE) {
             cr_assert_eq(gdn__ref_mixer_run(&mx->m, cur, 1, x, a, b, z, out), GDN_OK);
             /* The op's default ring_write_through: steps of at most 128 row-heads write every row back. */
@@ -896,6 +930,11 @@ SEQUENCE_TEST(token_trees_cache, TINY(GDN_VERIFY_CACHE, 195), .counts = 1, .tree
 SEQUENCE_TEST(token_trees_fold, TINY(GDN_VERIFY_FOLD, 196), .counts = 1, .trees = 1, .vllm_layout = 1)
 SEQUENCE_TEST(token_trees_cache_bf16_pool_width_2, SMALL(GDN_VERIFY_CACHE, 197), .trees = 1, .pool_dtype = GDN_DTYPE_BF16, .W = 2)
 SEQUENCE_TEST(token_trees_fold_bf16_pool_no_norm, TINY(GDN_VERIFY_FOLD, 198), .trees = 1, .pool_dtype = GDN_DTYPE_BF16, .no_norm = 1)
+/* The ring: the accepted path's records (raw x with them) move to the ring's front at the commit */
+SEQUENCE_TEST(token_trees_ring, TINY(GDN_VERIFY_RING, 199), .counts = 1, .trees = 1)
+SEQUENCE_TEST(token_trees_ring_bf16_pool_vllm_width_3, SMALL(GDN_VERIFY_RING, 200), .trees = 1, .pool_dtype = GDN_DTYPE_BF16,
+              .vllm_layout = 1, .W = 3)
+SEQUENCE_TEST(token_trees_ring_write_through, TINY(GDN_VERIFY_RING, 205), .trees = 1, .write_through = 1)
 
 Test(op_mixer, every_accepted_count_cache) { const mix_cfg c = {TINY(GDN_VERIFY_CACHE, 201)}; run_accepted_counts(&c); }
 Test(op_mixer, every_accepted_count_fold) { const mix_cfg c = {TINY(GDN_VERIFY_FOLD, 202)}; run_accepted_counts(&c); }

@@ -615,8 +615,8 @@ typedef struct gdn_step {
  * (not allocated), GDN_ESLOT_DUP (a slot read by two rows, written by two rows, or written by a row
  * that does not read it while another row reads it); for token_counts and parents (gdn_step):
  * GDN_ESTEP_TOKENS (a count outside 1..tokens, or counts on a decode step), GDN_ESTEP_PARENTS (a
- * parent outside -1..t-1, or parents on a decode step), GDN_ENOTSUP (parents on an engine with the
- * mixer, config.mixer, under the ring strategy: not yet). These are checked on the host; nothing of them is left to the device flag. A
+ * parent outside -1..t-1, or parents on a decode step). These are checked on the host; nothing of
+ * them is left to the device flag. A
  * verify step that was run but not committed is dropped by the next begin (as if every row accepted
  * 0 tokens). *bucket (may be NULL) receives the padded batch size.
  */

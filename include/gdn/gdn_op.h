@@ -107,8 +107,8 @@ typedef struct gdn_op_layer {
      * Every strategy runs them: CACHE keeps the state after each node, FOLD and RING keep each
      * node's inputs and their commit moves the accepted path's to the front, in path order, so the
      * fold or the ring folds only the path (its length, not T). Both backends; with a mixer each
-     * node's conv follows its path and the window advances along the accepted path (GDN_ENOTSUP for
-     * a tree with a mixer under RING, for now). With
+     * node's conv follows its path and the window advances along the accepted path (RING with a
+     * mixer: the CPU backend only, as without a tree). With
      * overlap_preceding the preceding kernel must not write them either (they are read before the
      * wait, with the slots). */
     const int32_t *token_counts;
