@@ -660,6 +660,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             if constexpr (BIG_TREE) {
                 tree_coefficients_listed<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
                 if constexpr (L == 8 && sizeof(S) == 2) tree_path_matrix(ts, s, plan.live, T, own0, cta_rows, lane, warp, warps);
+                else if constexpr (L == 8 && DIRECT_SETS) nodes_to_bf16_pairs<K>(s.khat + (size_t)own0 * K, s.qhat, T);
             } else tree_coefficients<K>(ts, s, p.parents + i * T, plan.live, T, own0, lane, warp, warps);
         }
     }
@@ -753,7 +754,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                         tree_set_mma<K, O, Geo, 2>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0 - group,
                                                    set_row0 - group, lane, out, out_base, out_token_stride);
                 } else if constexpr (L == 8) /* (fp32 state: split operands) */
-                    tree_set_mma_split<K, O, Geo>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0 - group,
+                    tree_set_mma_split<K, O, Geo, DIRECT_SETS>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0 - group,
                                                   set_row0 - group, lane, out, out_base, out_token_stride);
                 else
                     tree_set_scattered<K, O, Geo>(st, decay, s, ts, plan.live, own0, T, cta_rows, set_local_row0, set_row0,

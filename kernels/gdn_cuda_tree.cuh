@@ -425,6 +425,24 @@ __device__ __forceinline__ void node_chunk(const float *top, const float *bottom
     x_bottom = bottom_live ? *reinterpret_cast<const float4 *>(bottom + at) : zero;
 }
 
+/* With fp32 state (tree_set_mma_split, PRESPLIT): each pair of the own nodes' k^ and q^ values
+ * becomes its bf16 hi and lo words (gdn__split_bf16x2) in place, once a CTA instead of once a warp
+ * and row set. Call after the pair dots' barrier. Ends with a barrier. */
+template <int K> __device__ __forceinline__ void nodes_to_bf16_pairs(float *k_own, float *qhat, int T)
+{
+    const int chunks = T * K / 4; /* a region's, of 4 values */
+#pragma unroll 1
+    for (int c = threadIdx.x; c < 2 * chunks; c += blockDim.x) {
+        float4 *at = reinterpret_cast<float4 *>(c < chunks ? k_own : qhat) + c % chunks;
+        const float4 x = *at;
+        uint4 w;
+        gdn__split_bf16x2(x.x, x.y, w.x, w.y);
+        gdn__split_bf16x2(x.z, x.w, w.z, w.w);
+        *reinterpret_cast<uint4 *>(at) = w;
+    }
+    __syncthreads();
+}
+
 /* For the tensor-core form below (own tokens T <= 16): with N[t][j] = beta_t g_t ck[t][j] and
  * P[t][j] = g_t cq[t][j] for j an ancestor of t, P[t][t] = kq_t, the corrections are
  * U = (I + N)^-1 R, R_t = beta_t (v_t - g_t c0_t B k^_t), and the outputs O = g c0 B q^ + P U, so
@@ -629,8 +647,10 @@ __device__ __forceinline__ void tree_set_mma(float (&st)[Geo::RT][Geo::NV][Geo::
  * order, which its A values follow; the two quads of a group hold different elements, so each pass
  * takes one half's columns and the halves are summed after. Each lane then holds nodes tq and tq + 8
  * of its quad position's row in each rt, and forms their corrections depth by depth (a node's
- * ancestors are shallower; nodes of one depth in parallel), then their outputs. */
-template <int K, typename O, typename Geo>
+ * ancestors are shallower; nodes of one depth in parallel), then their outputs. PRESPLIT: the nodes'
+ * hi and lo words were formed once for the CTA (nodes_to_bf16_pairs; the DIRECT_SETS instance, whose
+ * registers have room for it: in the staged one it spilled). */
+template <int K, typename O, typename Geo, bool PRESPLIT>
 __device__ __forceinline__ void tree_set_mma_split(float (&st)[Geo::RT][Geo::NV][Geo::EV], float decay, const shared_tokens &s,
                                                    const tree_shared &ts, uint32_t live, int own0, int T, int rows, int warp_local_row0,
                                                    int warp_row0, int lane, O *out, int64_t out_base, int64_t out_token_stride)
@@ -667,8 +687,13 @@ __device__ __forceinline__ void tree_set_mma_split(float (&st)[Geo::RT][Geo::NV]
                 float4 x, y;
                 node_chunk<Geo>(top, bottom, top_live, bottom_live, hf, q, c, x, y);
                 uint32_t a0, a1, a2, a3, l0, l1, l2, l3;
-                gdn__split_bf16x2(x.x, x.y, a0, l0), gdn__split_bf16x2(y.x, y.y, a1, l1);
-                gdn__split_bf16x2(x.z, x.w, a2, l2), gdn__split_bf16x2(y.z, y.w, a3, l3);
+                if constexpr (PRESPLIT) { /* the words themselves (nodes_to_bf16_pairs) */
+                    a0 = __float_as_uint(x.x), l0 = __float_as_uint(x.y), a1 = __float_as_uint(y.x), l1 = __float_as_uint(y.y);
+                    a2 = __float_as_uint(x.z), l2 = __float_as_uint(x.w), a3 = __float_as_uint(y.z), l3 = __float_as_uint(y.w);
+                } else {
+                    gdn__split_bf16x2(x.x, x.y, a0, l0), gdn__split_bf16x2(y.x, y.y, a1, l1);
+                    gdn__split_bf16x2(x.z, x.w, a2, l2), gdn__split_bf16x2(y.z, y.w, a3, l3);
+                }
 #pragma unroll
                 for (int rt = 0; rt < RT; rt++) {
                     gdn__mma_bf16_m16n8k16(acc[rt], a0, a1, a2, a3, sl[rt][c][0], sl[rt][c][1]);
