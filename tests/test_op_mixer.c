@@ -436,21 +436,61 @@ static int32_t tree_path_of(const int32_t *par, int32_t node, int32_t *path)
     return len;
 }
 
+/* Runs tokens path[0..len) of the step's inputs on `slot`, token by token (the last one's output in
+ * `out`). */
+static void run_path(const mix *mx, gdn__mixer_ref_slot *slot, const int32_t *path, int32_t len, const double *x,
+                     const double *a, const double *b, const double *z, double *out)
+{
+    const int64_t C = mx->C, HV = mx->HV, HVV = HV * mx->V;
+    for (int32_t j = 0; j < len; j++)
+        cr_assert_eq(gdn__ref_mixer_token(&mx->m, slot, x + (int64_t)path[j] * C, a + (int64_t)path[j] * HV,
+                                          b + (int64_t)path[j] * HV, z ? z + (int64_t)path[j] * HVV : NULL, out),
+                     GDN_OK);
+}
+
 /* Tree node t's output (out [HV V]): a copy of the row's slot runs the node's path, token by token. */
 static void tree_node(const mix *mx, const gdn__mixer_ref_slot *start, const int32_t *par, int32_t t, const double *x,
                       const double *a, const double *b, const double *z, double *out)
 {
-    const int64_t C = mx->C, HV = mx->HV, HVV = HV * mx->V;
     int32_t path[MAX_T];
     const int32_t len = tree_path_of(par, t, path);
     gdn__mixer_ref_slot copy;
     cr_assert_eq(gdn__ref_mixer_slot_init(&copy, &mx->m), GDN_OK);
     gdn__ref_mixer_slot_copy(&mx->m, &copy, start);
-    for (int32_t j = 0; j < len; j++)
-        cr_assert_eq(gdn__ref_mixer_token(&mx->m, &copy, x + (int64_t)path[j] * C, a + (int64_t)path[j] * HV,
-                                          b + (int64_t)path[j] * HV, z ? z + (int64_t)path[j] * HVV : NULL, out),
-                     GDN_OK);
+    run_path(mx, &copy, path, len, x, a, b, z, out);
     gdn__ref_mixer_slot_free(&copy);
+}
+
+/* Whether a ring verify writes the slot back before its own tokens: it forks, or its T tokens do not
+ * fit the ring's capacity (max(L, max_tokens)) after the pending records. */
+static int ring_writes_back_first(int fork, int32_t pending, int32_t T)
+{
+    return fork || pending + T > (RING_LENGTH > MAX_T ? RING_LENGTH : MAX_T);
+}
+
+/* The ring's write-back before a verify: the state `before` (unrounded) goes into slot w, and the
+ * accepted tokens' records hold corrections u computed from it, so replayed over the stored (rounded)
+ * state they give `run` (their unrounded run from `before`) plus the write-back's rounding error
+ * decayed by their gates: added to run. The tokens: path[0..n), or 0..n-1 when path is NULL. */
+static void add_ring_write_back_error(mix *mx, gdn__mixer_ref_slot *run, const gdn__mixer_ref_slot *before, int32_t w,
+                                      const double *a, const double *b, const int32_t *path, int32_t n, const char *what)
+{
+    const int64_t HV = mx->HV, head = (int64_t)mx->V * mx->K;
+    gdn__mixer_ref_slot stored;
+    cr_assert_eq(gdn__ref_mixer_slot_init(&stored, &mx->m), GDN_OK);
+    gdn__ref_mixer_slot_copy(&mx->m, &stored, before);
+    store_into(mx, &stored, w, what);
+    for (int64_t h = 0; h < HV; h++) {
+        double decay = 1.0;
+        for (int32_t j = 0; j < n; j++) {
+            const int64_t t = path ? path[j] : j;
+            double g;
+            gdn__ref_gdn_gates(a[t * HV + h], b[t * HV + h], mx->dparams[h], mx->dparams[HV + h], &g, NULL);
+            decay *= g;
+        }
+        for (int64_t e = h * head; e < (h + 1) * head; e++) run->S[e] += decay * (stored.S[e] - before->S[e]);
+    }
+    gdn__ref_mixer_slot_free(&stored);
 }
 
 static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const int32_t *rows, const int32_t *accepted)
@@ -514,44 +554,19 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
             int32_t path[MAX_T];
             const int32_t len = tree_path_of(par, accepted[i], path);
             /* The ring writes back first when the tree does not fit its ring (or the row forks), as a chain. */
-            const int ring_store_first =
-                strategy == GDN_VERIFY_RING && (fork || pending + T > (RING_LENGTH > MAX_T ? RING_LENGTH : MAX_T));
+            const int ring_store_first = strategy == GDN_VERIFY_RING && ring_writes_back_first(fork, pending, T);
             if (ring_store_first) {
-                /* The path's records hold corrections u from the unrounded state: replayed over the
-                 * written-back (rounded) state they give the unrounded run plus the write-back's rounding
-                 * error decayed by the path's gates, as a chain's above. */
-                gdn__mixer_ref_slot run, ck;
+                gdn__mixer_ref_slot run;
                 cr_assert_eq(gdn__ref_mixer_slot_init(&run, &mx->m), GDN_OK);
-                cr_assert_eq(gdn__ref_mixer_slot_init(&ck, &mx->m), GDN_OK);
                 gdn__ref_mixer_slot_copy(&mx->m, &run, cur);
-                gdn__ref_mixer_slot_copy(&mx->m, &ck, cur);
-                store_into(mx, &ck, w, "a ring write-back before a tree verify");
-                for (int32_t j = 0; j < len; j++)
-                    cr_assert_eq(gdn__ref_mixer_token(&mx->m, &run, x + (int64_t)path[j] * C, a + (int64_t)path[j] * HV,
-                                                      b + (int64_t)path[j] * HV, z ? z + (int64_t)path[j] * HVV : NULL,
-                                                      scratch),
-                                 GDN_OK);
-                const int64_t head = (int64_t)mx->V * mx->K;
-                for (int64_t h = 0; h < HV; h++) {
-                    double decay = 1.0;
-                    for (int32_t j = 0; j < len; j++) {
-                        double g;
-                        gdn__ref_gdn_gates(a[path[j] * HV + h], b[path[j] * HV + h], mx->dparams[h], mx->dparams[HV + h], &g,
-                                           NULL);
-                        decay *= g;
-                    }
-                    for (int64_t e = h * head; e < (h + 1) * head; e++) run.S[e] += decay * (ck.S[e] - cur->S[e]);
-                }
+                run_path(mx, &run, path, len, x, a, b, z, scratch);
+                add_ring_write_back_error(mx, &run, cur, w, a, b, path, len, "a ring write-back before a tree verify");
                 gdn__ref_mixer_slot_copy(&mx->m, cur, &run);
-                gdn__ref_mixer_slot_free(&run), gdn__ref_mixer_slot_free(&ck);
+                gdn__ref_mixer_slot_free(&run);
             } else {
                 /* fold stores the folded state before its own tokens; the accepted path then runs from it */
                 if (strategy == GDN_VERIFY_FOLD) store_into(mx, cur, w, "the write-back before a tree verify");
-                for (int32_t j = 0; j < len; j++)
-                    cr_assert_eq(gdn__ref_mixer_token(&mx->m, cur, x + (int64_t)path[j] * C, a + (int64_t)path[j] * HV,
-                                                      b + (int64_t)path[j] * HV, z ? z + (int64_t)path[j] * HVV : NULL,
-                                                      scratch),
-                                 GDN_OK);
+                run_path(mx, cur, path, len, x, a, b, z, scratch);
             }
             if (strategy == GDN_VERIFY_CACHE) store_into(mx, cur, w, "a tree commit"), pending = 0;
             else pending = (strategy == GDN_VERIFY_RING && !ring_store_first ? pending : 0) + len;
@@ -570,8 +585,8 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
             /* With counts the row runs its first Ti tokens (the rest are padding), and accepts at most Ti. */
             const int32_t Ti = counts ? counts[i] : T;
             const int32_t n = accepted[i] < 0 ? 0 : (accepted[i] > Ti ? Ti : accepted[i]);
-            const int store_first = strategy == GDN_VERIFY_FOLD ||
-                                    (strategy == GDN_VERIFY_RING && (fork || pending + T > (RING_LENGTH > MAX_T ? RING_LENGTH : MAX_T)));
+            const int store_first =
+                strategy == GDN_VERIFY_FOLD || (strategy == GDN_VERIFY_RING && ring_writes_back_first(fork, pending, T));
             gdn__mixer_ref_slot copy;
             cr_assert_eq(gdn__ref_mixer_slot_init(&copy, &mx->m), GDN_OK);
             gdn__ref_mixer_slot_copy(&mx->m, &copy, cur);
@@ -586,21 +601,7 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
                 } else {
                     cr_assert_eq(gdn__ref_mixer_verify_commit(&mx->m, &copy, Ti, x, a, b, z, n, out), GDN_OK);
                 }
-                gdn__mixer_ref_slot ck;
-                cr_assert_eq(gdn__ref_mixer_slot_init(&ck, &mx->m), GDN_OK);
-                gdn__ref_mixer_slot_copy(&mx->m, &ck, cur);
-                store_into(mx, &ck, w, "a ring write-back before a verify");
-                const int64_t head = (int64_t)mx->V * mx->K;
-                for (int64_t h = 0; h < HV; h++) {
-                    double decay = 1.0;
-                    for (int32_t t = 0; t < n; t++) {
-                        double g;
-                        gdn__ref_gdn_gates(a[t * HV + h], b[t * HV + h], mx->dparams[h], mx->dparams[HV + h], &g, NULL);
-                        decay *= g;
-                    }
-                    for (int64_t e = h * head; e < (h + 1) * head; e++) copy.S[e] += decay * (ck.S[e] - cur->S[e]);
-                }
-                gdn__ref_mixer_slot_free(&ck);
+                add_ring_write_back_error(mx, &copy, cur, w, a, b, NULL, n, "a ring write-back before a verify");
                 gdn__ref_mixer_slot_copy(&mx->m, cur, &copy);
             } else if (mx->fresh_oracle) { /* outputs from a copy; the slot runs exactly the accepted tokens */
                 cr_assert_eq(gdn__ref_mixer_run(&mx->m, &copy, Ti, x, a, b, z, out), GDN_OK);
