@@ -393,7 +393,7 @@ gdn_status gdn_engine_create(const gdn_engine_config *config, gdn_engine **out)
     const size_t staging = (size_t)staged_capacity(&resolved) + (clears ? (size_t)resolved.num_slots : 0);
     status = create_backend(&resolved, staging * sizeof(int32_t), &e->backend);
     if (status == GDN_OK && gdn__config_mixer_on(&resolved) && e->backend.iface->kind == GDN_BACKEND_CUDA &&
-        !gdn__cuda_mixer_runs(resolved.verify_strategy, resolved.model.head_dim_k))
+        !gdn__cuda_mixer_runs(resolved.model.head_dim_k))
         status = GDN_ENOTSUP;
     if (status == GDN_OK) status = allocate_everything(e);
     if (status == GDN_OK) /* the zero fills, enqueued on the backend's own stream */
@@ -778,11 +778,9 @@ static int32_t bucket_index_of(const gdn_engine_config *c, int32_t bucket)
     return -1;
 }
 
-/* Per-row counts and token trees run where the kernels run them: the CPU reference so far. The CUDA
- * kernels lift op.c's GDN_ENOTSUP for them when they land; this follows it. */
 /* A step's token counts and parents (gdn_step), checked on the host so that the device never meets
  * a bad one from the engine: GDN_OK with *variant set, or the refusal. */
-static gdn_status check_counts_and_parents(const gdn_engine *e, const gdn_step *step, int32_t *variant)
+static gdn_status check_counts_and_parents(const gdn_step *step, int32_t *variant)
 {
     *variant = (step->token_counts ? GDN__VARIANT_COUNTS : 0) | (step->parents ? GDN__VARIANT_PARENTS : 0);
     if (!*variant) return GDN_OK;
@@ -831,7 +829,7 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
     gdn_status status = gdn__slots_check_step(&e->slots, step->batch, step->slots, step->write_slots);
     if (status != GDN_OK) return status;
     int32_t variant = 0;
-    if ((status = check_counts_and_parents(e, step, &variant)) != GDN_OK) return status;
+    if ((status = check_counts_and_parents(step, &variant)) != GDN_OK) return status;
 
     /* Stage the padded rows, read slots then write slots (w = r unless given), then the counts and
      * parents of a step that has them, as one upload. */

@@ -44,10 +44,7 @@ gdn_status gdn__op_check_description(const gdn_op_layer *op)
     return gdn_engine_config_validate(&c);
 }
 
-int gdn__cuda_mixer_runs(gdn_verify_strategy strategy, int32_t head_dim_k)
-{
-    return strategy != GDN_VERIFY_RING && head_dim_k == 128;
-}
+int gdn__cuda_mixer_runs(int32_t head_dim_k) { return head_dim_k == 128; }
 
 /* The mixer's conv width (0: no conv) and conv_dim. */
 static int32_t conv_width_of(const gdn_op_layer *op) { return op->mixer ? op->mixer->conv_width : 0; }
@@ -487,7 +484,7 @@ static gdn_status check_step(const gdn_op_layer *op, gdn__op_stack *s)
         !op->o.data || !op->A_log || !op->dt_bias || !op->read_slots)
         return GDN_EINVAL;
     if (op->mixer && op->mixer->norm_weight && !op->z.data) return GDN_EINVAL;
-    if (op->mixer && op->backend == GDN_BACKEND_CUDA && !gdn__cuda_mixer_runs(op->strategy, op->model.head_dim_k))
+    if (op->mixer && op->backend == GDN_BACKEND_CUDA && !gdn__cuda_mixer_runs(op->model.head_dim_k))
         return GDN_ENOTSUP;
     return GDN_OK;
 }

@@ -43,9 +43,9 @@ typedef struct gdn__op_stack {
     int64_t conv_layer_stride;     /* elements between layers' conv-state pools (the mixer's conv) */
 } gdn__op_stack;
 
-/* Whether the CUDA backend's fused mixer kernel runs this strategy and key head size (cache and
- * fold, K = 128); the op layer and gdn_engine_create refuse a CUDA mixer otherwise (GDN_ENOTSUP). */
-int gdn__cuda_mixer_runs(gdn_verify_strategy strategy, int32_t head_dim_k);
+/* Whether the CUDA backend's fused mixer kernels run this key head size (K = 128, every strategy);
+ * the op layer and gdn_engine_create refuse a CUDA mixer otherwise (GDN_ENOTSUP). */
+int gdn__cuda_mixer_runs(int32_t head_dim_k);
 
 /* The checks every op makes of its description (same codes as gdn_engine_create). */
 gdn_status gdn__op_check_description(const gdn_op_layer *op);

@@ -20,9 +20,9 @@
  * The caller's side of the step goes through a table (struct proj_backend, model_loop.h): this file
  * has the plain-C one for the CPU backend; model_loop_cuda.cu (built when the build has CUDA) has the
  * CUDA one: device tensors, the projections as cuBLAS GEMMs, the engine on GDN_BACKEND_CUDA with the
- * same mixer configuration. The CUDA backend's fused mixer kernel runs the cache and fold strategies
- * with K = 128 (the model's heads here have Qwen's head size); with the ring strategy it refuses a
- * mixer (GDN_ENOTSUP from gdn_engine_create): the example then says so and exits with status 3.
+ * same mixer configuration. The CUDA backend's fused mixer kernels run every strategy with K = 128
+ * (the model's heads here have Qwen's head size); a build whose kernels refuse the mixer
+ * (GDN_ENOTSUP from gdn_engine_create) makes the example say so and exit with status 3.
  *
  * The check: an independent float64 run of the same model (this file's own conv, recurrence and norm,
  * written from SPEC 1 and 6; the projections round x, z, a, b to bf16 as the caller's do) gives every
@@ -423,10 +423,9 @@ int main(int argc, char **argv)
     cfg.capture = model_step, cfg.capture_user = &user; /* the whole step, in the step graph on CUDA */
     gdn_engine *e = NULL;
     const gdn_status created = gdn_engine_create(&cfg, &e);
-    if (created == GDN_ENOTSUP && on_cuda) { /* the fused CUDA mixer runs cache and fold, not ring */
+    if (created == GDN_ENOTSUP && on_cuda) {
         fprintf(stderr, "gdn-model-loop: CUDA backend: mixer not supported by this build (gdn_engine_create: "
-                "GDN_ENOTSUP%s; --backend cpu runs the CPU backend)\n",
-                verify == GDN_VERIFY_RING ? ", the ring strategy has no CUDA mixer" : "");
+                "GDN_ENOTSUP; --backend cpu runs the CPU backend)\n");
         proj->close(ctx);
         return 3;
     }

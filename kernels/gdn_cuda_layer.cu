@@ -27,11 +27,10 @@ static bool strides_keep(gdn__strides s, int64_t elements)
     return s.row % elements == 0 && s.token % elements == 0 && s.head % elements == 0;
 }
 
-/* The mixer's own checks (SPEC 6; the fused kernel: cache and fold strategies). */
+/* The mixer's own checks (SPEC 6; the fused kernels: the layer kernel's mixer instances, the ring's). */
 static gdn_status check_mixer(const gdn__layer_params *p)
 {
     const gdn__mixer_params *m = &p->mixer;
-    if (p->ring) return GDN_ENOTSUP; /* the ring strategy's mixer: CPU reference only, so far */
     if (!m->arrivals || (m->norm_weight && p->T > 0 && (!m->norm_scratch || !m->z))) return GDN_EINVAL;
     if (m->conv_width == 0) return GDN_OK;
     if (m->conv_width < 2 || m->conv_width > GDN__MAX_CONV_WIDTH) return GDN_ENOTSUP;

@@ -33,6 +33,7 @@
  */
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
+#include "gdn_cuda_mixer.cuh"
 #include "gdn_cuda_rows.cuh"
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -40,7 +41,8 @@
 /* ---------------------------------------------------------------------------------------------- */
 
 /* A CTA's shared memory for E = h + T entries (records, then own tokens; at most capacity + T), T own
- * tokens and `rows` state rows. fp32 parts first, then the raw 2-byte k and q rows (16-byte aligned). */
+ * tokens and `rows` state rows. fp32 parts first, then the raw 2-byte k and q rows (16-byte aligned),
+ * which the mixer's conv does without (its raw sequence is the mixer's part, past these). */
 struct ring_shared {
     float *khat;     /* [E][K] normalised k of every entry */
     float *qhat;     /* [T][K] normalised, scaled q of the own tokens */
@@ -63,9 +65,9 @@ struct ring_shared {
                          2 * (size_t)T + 2 * (size_t)T * E + 2 * (size_t)T;
         return (f + 3) / 4 * 4;
     }
-    static __host__ __device__ size_t bytes(int K, int capacity, int T, int rows)
+    static __host__ __device__ size_t bytes(int K, int capacity, int T, int rows, bool raw_rows)
     {
-        return floats(K, capacity, T, rows) * sizeof(float) + ((size_t)capacity + 2 * (size_t)T) * K * 2;
+        return floats(K, capacity, T, rows) * sizeof(float) + (raw_rows ? ((size_t)capacity + 2 * (size_t)T) * K * 2 : 0);
     }
     __device__ ring_shared(float *base, int K, int capacity, int T, int rows)
     {
@@ -86,21 +88,66 @@ struct ring_shared {
     }
 };
 
-/* Normalises raw 2-byte row `src` (K values) into fp32 `dst`, times `factor` (one warp). */
-template <int K, typename I>
-__device__ __forceinline__ void normalise_row(const uint16_t *src, float *dst, float factor, bool l2norm, int lane)
+/* Normalises row `src` (K values: raw inputs, or the conv's fp32 outputs, in place) into fp32 `dst`,
+ * times `factor` (one warp; every lane reads its values before it writes them). */
+template <int K, typename E>
+__device__ __forceinline__ void normalise_row(const gdn__layer_params &p, const E *src, float *dst, float factor, int lane)
 {
     constexpr int KPL = K / 32;
     float x[KPL], sum = 0.0f;
 #pragma unroll
     for (int e = 0; e < KPL; e++) {
-        x[e] = gdn__to_f32(reinterpret_cast<const I *>(src)[lane * KPL + e]);
+        x[e] = gdn__to_f32(src[lane * KPL + e]);
         sum = fmaf(x[e], x[e], sum);
     }
     sum = group_sum<32>(sum);
-    const float scale = factor * (l2norm ? rsqrtf(sum + 1e-6f) : 1.0f);
+    const float scale = factor * l2norm_scale(p, sum);
 #pragma unroll
     for (int e = 0; e < KPL; e++) dst[lane * KPL + e] = x[e] * scale;
+}
+
+/* A record's layout (gdn_kernel_params.h): raw k per key head, or with the conv raw x [conv_dim];
+ * then a per value head; then fp32 u [HV][V]. */
+struct ring_record_layout {
+    int64_t bytes, a_offset, u_offset;
+    __device__ ring_record_layout(const gdn__layer_params &p, bool conv)
+    {
+        bytes = conv ? gdn__mixer_record_bytes(p.mixer.conv_dim, p.HV, p.V) : gdn__ring_record_bytes(p.HK, p.HV, p.K, p.V);
+        a_offset = conv ? gdn__mixer_record_a_offset(p.mixer.conv_dim) : gdn__ring_a_offset(p.HK, p.K);
+        u_offset = conv ? gdn__mixer_record_u_offset(p.mixer.conv_dim, p.HV) : gdn__ring_u_offset(p.HK, p.HV, p.K);
+    }
+};
+
+/* With the conv, a row that writes back gives slot w the window after the flushed entries: the last
+ * W - 1 positions of [window of r; records 0..h-1 of r; the decode's own token] up to `flushed`
+ * entries. Run by the row's last CTA (every CTA of the row has read slot r's window and records),
+ * before it overwrites any record; a thread per channel reads all of its positions before it writes
+ * them, so r == w needs no barrier. */
+template <typename I>
+__device__ __forceinline__ void write_flushed_window(const gdn__layer_params &p, int64_t i, int64_t r, int64_t w,
+                                                     const char *ring_r, int64_t record_bytes, int h, int flushed)
+{
+    const gdn__mixer_params &m = p.mixer;
+    const int rows = m.conv_width - 1;
+    const I *win_r = static_cast<const I *>(m.conv_state) + r * m.conv_slot_stride;
+    I *win_w = static_cast<I *>(m.conv_state) + w * m.conv_slot_stride;
+    for (int c = threadIdx.x; c < m.conv_dim; c += blockDim.x) {
+        I x[GDN__MAX_CONV_WIDTH - 1];
+#pragma unroll
+        for (int j = 0; j < GDN__MAX_CONV_WIDTH - 1; j++) {
+            if (j >= rows) break;
+            const int at = flushed + j; /* position in [window; entries] */
+            const int entry = at - rows;
+            x[j] = entry < 0  ? win_r[at * m.conv_token_stride + c * m.conv_channel_stride]
+                   : entry < h ? reinterpret_cast<const I *>(ring_r + entry * record_bytes)[c]
+                               : static_cast<const I *>(m.x)[gdn__at(m.x_strides, i, entry - h, 0) + c];
+        }
+#pragma unroll
+        for (int j = 0; j < GDN__MAX_CONV_WIDTH - 1; j++) {
+            if (j >= rows) break;
+            win_w[j * m.conv_token_stride + c * m.conv_channel_stride] = x[j];
+        }
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -113,8 +160,14 @@ __device__ __forceinline__ void normalise_row(const uint16_t *src, float *dst, f
 #endif
 
 /* A CTA owns `passes` consecutive pass tiles (pass_rows rows each) of one head of one row: the
- * preparation is shared by all of them. */
-template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN>
+ * preparation is shared by all of them.
+ *
+ * MIXER (SPEC 6; gdn_cuda_mixer.cuh): with the conv, records hold raw x and the window of a slot is
+ * its checkpoint's, so a CTA copies its channels (q and k of its key head, v of its rows) of [window
+ * of r; records; own tokens] into shared memory and runs the conv over them for every entry's k and
+ * the own tokens' q and v. The row's last CTA moves the window when the row writes back. With the
+ * norm, the CTAs leave o in fp32 scratch and the last CTA of each head normalises it. */
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool MIXER>
 __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM)) ring_step_kernel(const gdn__layer_params p, int passes)
 {
     using Geo = layer_geometry<K, S, REGS, true>;
@@ -160,20 +213,43 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     float st[RT][NV][EV];
     load_rows<K, S, Geo>(state_r, st, row0, glane);
     for (int pass = 1; pass < passes; pass++) prefetch_rows<K, S, Geo>(state_r, row0 + pass * pass_rows, glane);
+
+    const bool conv = MIXER && p.mixer.conv_width > 0;
+    const bool norm = MIXER && p.mixer.norm_weight != nullptr;
+    ring_shared s(smem, K, C, T, span_rows);
+    /* The mixer's part past the ring's: the raw sequence [window (W - 1 rows); records 0..h-1;
+     * (unused up to C); own tokens (rows C..)], the conv weights, z and the norm weight. */
+    const int window_rows = conv ? p.mixer.conv_width - 1 : 0;
+    const mixer_channels mc(p, head / (HV / HK), head, tile_row0, span_rows);
+    const mixer_smem parts(K, span_rows, conv ? p.mixer.conv_width : 0, C + T, T, V, sizeof(I),
+                           p.mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, norm);
+    char *const mixer_base = reinterpret_cast<char *>(smem) + ring_shared::bytes(K, C, T, span_rows, !conv);
+    I *const raw = reinterpret_cast<I *>(mixer_base + parts.raw);
+    const mixer_sequence seq{window_rows, 0, C}; /* folds: h, once read */
+    const bool window_async = conv && window_rows_contiguous(p.mixer);
+    if (conv) { /* layer parameters and slot r's window: not written by the preceding kernel */
+        stage_conv_params(p, mc, mixer_base + parts.weights, mixer_base + parts.bias);
+        if (window_async) stage_window_async<I>(p, mc, raw, r);
+    }
     /* Only the state before the wait for the preceding kernel (overlap_preceding): it writes the inputs. */
     if (p.overlap_preceding) gdn__wait_preceding();
     gdn__allow_dependents();
 
-    /* The step's own k and q (raw rows C.. and C + T..; records take rows 0..h-1) and gate inputs do
-     * not depend on the ring: in flight before its count is read. */
+    /* The step's own k and q (raw rows C.. and C + T..; records take rows 0..h-1), or with the conv
+     * its x, and gate inputs do not depend on the ring: in flight before its count is read. */
     const int kh = head / (HV / HK);
-    ring_shared s(smem, K, C, T, span_rows);
     constexpr int CHUNKS = K * 2 / 16; /* 16-byte pieces of a raw k or q row */
-    for (int c = threadIdx.x; c < 2 * T * CHUNKS; c += blockDim.x) {
-        const int m = c / CHUNKS, piece = c % CHUNKS, t = m % T;
-        const I *from = m < T ? static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh)
-                              : static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh);
-        gdn__copy_async16(s.raw + (size_t)(C + m) * K + piece * 8, reinterpret_cast<const char *>(from) + piece * 16);
+    if (conv) {
+        for (int t = warp; t < T; t += warps)
+            stage_conv_row<K, I>(mc, raw + (size_t)(window_rows + C + t) * mc.pitch,
+                                 static_cast<const I *>(p.mixer.x) + gdn__at(p.mixer.x_strides, i, t, 0), lane);
+    } else {
+        for (int c = threadIdx.x; c < 2 * T * CHUNKS; c += blockDim.x) {
+            const int m = c / CHUNKS, piece = c % CHUNKS, t = m % T;
+            const I *from = m < T ? static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh)
+                                  : static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh);
+            gdn__copy_async16(s.raw + (size_t)(C + m) * K + piece * 8, reinterpret_cast<const char *>(from) + piece * 16);
+        }
     }
     float own_a = 0.0f, own_b = 0.0f;
     if ((int)threadIdx.x < T) {
@@ -191,14 +267,20 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     if (T == 0 && !flush) return; /* nothing recorded: nothing to write back (and nothing in flight) */
 
     const int E = h + T;
-    const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, V);
-    const int64_t u_offset = gdn__ring_u_offset(HK, HV, K), a_offset = gdn__ring_a_offset(HK, K);
+    const ring_record_layout rec(p, conv);
+    const int64_t record_bytes = rec.bytes, u_offset = rec.u_offset, a_offset = rec.a_offset;
     const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
     char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
     {
-        for (int c = threadIdx.x; c < h * CHUNKS; c += blockDim.x) {
-            const int m = c / CHUNKS, piece = c % CHUNKS;
-            gdn__copy_async16(s.raw + (size_t)m * K + piece * 8, ring_r + m * record_bytes + (int64_t)kh * K * 2 + piece * 16);
+        if (conv) {
+            for (int m = warp; m < h; m += warps)
+                stage_conv_row<K, I>(mc, raw + (size_t)(window_rows + m) * mc.pitch,
+                                     reinterpret_cast<const I *>(ring_r + m * record_bytes), lane);
+        } else {
+            for (int c = threadIdx.x; c < h * CHUNKS; c += blockDim.x) {
+                const int m = c / CHUNKS, piece = c % CHUNKS;
+                gdn__copy_async16(s.raw + (size_t)m * K + piece * 8, ring_r + m * record_bytes + (int64_t)kh * K * 2 + piece * 16);
+            }
         }
         const bool u16 = span_rows % 4 == 0; /* the rows' u in 16-byte pieces, else 4-byte */
         const int per_record = u16 ? span_rows / 4 : span_rows;
@@ -221,18 +303,35 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
         s.gown[threadIdx.x] = expf(l);
         s.beta[threadIdx.x] = token_beta(own_b);
     }
-    for (int e = threadIdx.x; e < T * span_rows; e += blockDim.x) {
+    for (int e = threadIdx.x; !conv && e < T * span_rows; e += blockDim.x) { /* (with the conv: its output) */
         const int t = e / span_rows, row = e % span_rows;
         s.vown[e] = gdn__to_f32(static_cast<const I *>(p.v)[gdn__at(p.v_strides, i, t, head) + tile_row0 + row]);
     }
+    if (conv && !window_async) stage_window<I>(p, mc, raw, r); /* plain loads, behind the copies */
     gdn__copy_async_wait_all();
     __syncthreads();
 
-    /* 2. Normalised rows, cumulative decays, coefficients. */
+    /* 2. Normalised rows, cumulative decays, coefficients. With the conv, its outputs first: every
+     * entry's k (rows 0..E-1 of khat), the own tokens' q and v. */
+    const mixer_sequence row_seq{seq.window_rows, h, seq.own0};
+    if (conv) {
+        const conv_targets targets{s.khat, s.qhat, nullptr, s.vown, h};
+        if (!ONE_TOKEN && !p.parents)
+            conv_pass_sliding<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq, T, targets);
+        else
+            conv_pass_gathered<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq, T, targets,
+                                  p.parents ? p.parents + i * T : nullptr);
+        __syncthreads();
+    }
     for (int item = warp; item < E + T; item += warps) {
-        const int raw_row = item < h ? item : C + item - h; /* records, own k, own q */
-        if (item < E) normalise_row<K, I>(s.raw + (size_t)raw_row * K, s.khat + (size_t)item * K, 1.0f, p.use_qk_l2norm, lane);
-        else normalise_row<K, I>(s.raw + (size_t)raw_row * K, s.qhat + (size_t)(item - E) * K, p.scale, p.use_qk_l2norm, lane);
+        if (conv) { /* in place */
+            float *const row = item < E ? s.khat + (size_t)item * K : s.qhat + (size_t)(item - E) * K;
+            normalise_row<K, float>(p, row, row, item < E ? 1.0f : p.scale, lane);
+            continue;
+        }
+        const I *raw_row = reinterpret_cast<const I *>(s.raw) + (size_t)(item < h ? item : C + item - h) * K; /* records, own k, own q */
+        if (item < E) normalise_row<K, I>(p, raw_row, s.khat + (size_t)item * K, 1.0f, lane);
+        else normalise_row<K, I>(p, raw_row, s.qhat + (size_t)(item - E) * K, p.scale, lane);
     }
     /* Own token t's parent and ancestors (a chain: t - 1 and every earlier token; padding tokens
      * are no one's ancestors); its cumulative decay continues its parent's. */
@@ -292,6 +391,13 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     }
 
     float *u_records = reinterpret_cast<float *>(ring_w + u_offset) + (int64_t)head * V;
+    /* Token t's output of state row tile_row0 + local: with the norm, o into the fp32 scratch (token
+     * t at + t HV V) for the head's last CTA. */
+    float *const o_scratch = norm ? p.mixer.norm_scratch + (i * T * HV + head) * (int64_t)V + tile_row0 : nullptr;
+    const auto emit = [&](int t, int local, float o) {
+        if (norm) o_scratch[(int64_t)t * HV * V + local] = o;
+        else out[out_base + t * out_token_stride + tile_row0 + local] = gdn__from_f32<O>(o);
+    };
     for (int pass = 0; pass < passes; pass++) {
         const int pass_row0 = pass * pass_rows; /* within the span */
         if (pass > 0) load_rows<K, S, Geo>(state_r, st, row0 + pass_row0, glane);
@@ -306,7 +412,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
 #pragma unroll
                     for (int rt = 0; rt < RT; rt++) {
                         const int local = pass_row0 + local_row0 + rt * G;
-                        out[out_base + t * out_token_stride + tile_row0 + local] = gdn__from_f32<O>(0.0f);
+                        emit(t, local, 0.0f);
                         if (keep) u_records[(base + t) * record_bytes / 4 + tile_row0 + local] = 0.0f;
                         if (!ONE_TOKEN) s.uown[(size_t)t * span_rows + local] = 0.0f;
                     }
@@ -361,7 +467,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
                 const float o = fmaf(s.cq[t * E + h + t], u, sq);
                 u_last[rt] = u;
                 if (glane == 0) {
-                    out[out_base + t * out_token_stride + tile_row0 + local] = gdn__from_f32<O>(o);
+                    emit(t, local, o);
                     if (keep) u_records[(base + t) * record_bytes / 4 + tile_row0 + local] = u;
                     if (!ONE_TOKEN) s.uown[(size_t)t * span_rows + local] = u;
                 }
@@ -397,13 +503,20 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
         }
     }
 
-    /* The step's k (per key head) and a (per value head) become records base..base+T-1 of slot w:
-     * written here by one CTA each unless they overwrite records that other CTAs of the row may still
-     * read (a verify that wrote back in place), which the row's last CTA then writes. */
+    /* The step's k (per key head; with the conv, x: q and k channels per key head, v per CTA) and a
+     * (per value head) become records base..base+T-1 of slot w: written here by one CTA each unless
+     * they overwrite records that other CTAs of the row may still read (a verify that wrote back in
+     * place), which the row's last CTA then writes. */
     const bool overwrites_read_records = keep && r == w && base < h;
+    if (keep && !overwrites_read_records && conv) {
+        I *const x_records = reinterpret_cast<I *>(ring_w + base * record_bytes);
+        const int64_t record_elems = record_bytes / (int64_t)sizeof(I);
+        store_own_x<I>(mc, raw, seq, T, x_records, record_elems, 2 * K, mc.width);
+        if (first_tile == 0 && head % (HV / HK) == 0) store_own_x<I>(mc, raw, seq, T, x_records, record_elems, 0, 2 * K);
+    }
     if (keep && !overwrites_read_records && first_tile == 0) {
         constexpr int CHUNKS = K * 2 / 16;
-        if (head % (HV / HK) == 0)
+        if (!conv && head % (HV / HK) == 0)
             for (int c = threadIdx.x; c < T * CHUNKS; c += blockDim.x) {
                 const int t = c / CHUNKS, piece = c % CHUNKS;
                 reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes + (int64_t)kh * K * 2)[piece] =
@@ -414,16 +527,54 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
                 static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, head)];
     }
 
+    /* The norm: every CTA of the head has left its rows' o in the scratch; the last one normalises. */
+    if (norm && T > 0) {
+        __shared__ int head_last_cta;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            head_last_cta = arrive_last(p.mixer.arrivals + i * (int64_t)(HK + HV) + HK + head, (uint32_t)spans_per_head);
+        }
+        __syncthreads();
+        if (head_last_cta) {
+            __threadfence();
+            I *const z_sh = reinterpret_cast<I *>(mixer_base + parts.z);
+            float *const norm_w_sh = reinterpret_cast<float *>(mixer_base + parts.norm_w);
+            stage_z<I>(p, i, head, T, z_sh);
+            copy_words_async(norm_w_sh, p.mixer.norm_weight, V * 4);
+            gdn__copy_async_commit();
+            gdn__copy_async_wait_all();
+            __syncthreads();
+            finish_norm<I, O, true, !ONE_TOKEN>(p, i, head, T, o_scratch - tile_row0, (int64_t)HV * V, z_sh, norm_w_sh, out,
+                                                out_base);
+        }
+    }
+
     __shared__ int last_cta;
     if (threadIdx.x == 0) last_cta = arrival + passes == (unsigned)(HV * tiles_per_head);
     __syncthreads();
     if (!last_cta) return;
+    /* With the conv, a row that writes back moves its window: before any record of slot r is
+     * overwritten (below), from every CTA's finished reads. */
+    if (conv && flush) {
+        write_flushed_window<I>(p, i, r, w, ring_r, record_bytes, h, flushed);
+        if (overwrites_read_records) __syncthreads();
+    }
     if (overwrites_read_records) {
-        const int64_t head_pieces = (int64_t)K * 2 / 16, qk_pieces = HK * head_pieces;
-        for (int64_t c = threadIdx.x; c < T * qk_pieces; c += blockDim.x) {
-            const int t = (int)(c / qk_pieces), key_head = (int)(c % qk_pieces / head_pieces);
-            reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes)[c % qk_pieces] =
-                reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, key_head))[c % head_pieces];
+        if (conv) {
+            const int64_t pieces = (int64_t)p.mixer.conv_dim * (int64_t)sizeof(I) / 16;
+            for (int64_t c = threadIdx.x; c < T * pieces; c += blockDim.x) {
+                const int t = (int)(c / pieces);
+                reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes)[c % pieces] =
+                    reinterpret_cast<const uint4 *>(static_cast<const I *>(p.mixer.x) + gdn__at(p.mixer.x_strides, i, t, 0))[c % pieces];
+            }
+        } else {
+            const int64_t head_pieces = (int64_t)K * 2 / 16, qk_pieces = HK * head_pieces;
+            for (int64_t c = threadIdx.x; c < T * qk_pieces; c += blockDim.x) {
+                const int t = (int)(c / qk_pieces), key_head = (int)(c % qk_pieces / head_pieces);
+                reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes)[c % qk_pieces] =
+                    reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, key_head))[c % head_pieces];
+            }
         }
         for (int64_t c = threadIdx.x; c < (int64_t)T * HV; c += blockDim.x)
             reinterpret_cast<I *>(ring_w + (base + c / HV) * record_bytes + a_offset)[c % HV] =
@@ -446,7 +597,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
 #endif
 #define GDN__RING_MAX_PASSES 4
 
-template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN>
+template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool MIXER>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
     using Geo = layer_geometry<K, S, REGS, true>;
@@ -460,13 +611,22 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const int span_rows = pass_rows * passes;
     const dim3 grid((unsigned)(p->HV * (p->V / span_rows)), (unsigned)p->B);
     const int T = ONE_TOKEN ? 1 : p->T;
-    const size_t smem = ring_shared::bytes(K, p->ring_capacity, T, span_rows);
-    auto kernel = ring_step_kernel<K, S, I, O, REGS, ONE_TOKEN>;
-    if (smem > 48 * 1024) { /* long rings, K = 256, long spans: opt in once per device and instance, up to the largest case */
+    const bool conv = MIXER && p->mixer.conv_width > 0;
+    const mixer_smem parts(K, span_rows, conv ? p->mixer.conv_width : 0, p->ring_capacity + T, T, p->V, sizeof(I),
+                           p->mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, MIXER && p->mixer.norm_weight);
+    const size_t smem = ring_shared::bytes(K, p->ring_capacity, T, span_rows, !conv) + (MIXER ? parts.end : 0);
+    auto kernel = ring_step_kernel<K, S, I, O, REGS, ONE_TOKEN, MIXER>;
+    if (smem > 48 * 1024) { /* long rings, K = 256, long spans, the mixer: opt in once per device and instance, up to the largest case */
+        constexpr int most_tokens = ONE_TOKEN ? 1 : GDN_MAX_TOKENS;
+        constexpr int most_rows = GDN__RING_MAX_PASSES * 4 * Geo::ROWS_PER_WARP < GDN__MAX_HEAD_DIM
+                                      ? GDN__RING_MAX_PASSES * 4 * Geo::ROWS_PER_WARP
+                                      : GDN__MAX_HEAD_DIM;
+        const mixer_smem largest_parts(K, most_rows, GDN__MAX_CONV_WIDTH, GDN_MAX_RING_LENGTH + most_tokens, most_tokens,
+                                       GDN__MAX_HEAD_DIM, sizeof(I), 4, true);
         static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
         GDN__CUDA_TRY(gdn__opt_in_shared(kernel,
-                                         (int)ring_shared::bytes(K, GDN_MAX_RING_LENGTH, ONE_TOKEN ? 1 : GDN_MAX_TOKENS,
-                                                                 GDN__RING_MAX_PASSES * 4 * Geo::ROWS_PER_WARP),
+                                         (int)(ring_shared::bytes(K, GDN_MAX_RING_LENGTH, most_tokens, most_rows, !MIXER) +
+                                               (MIXER ? largest_parts.end : 0)),
                                          opted_in));
     }
     GDN__CUDA_TRY(gdn__launch(kernel, grid, dim3(warps * 32), smem, stream, p->overlap_preceding != 0, *p, passes));
@@ -475,26 +635,45 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 }
 
 /* The instance holding as many state values a thread as state_regs_for picks for this grid. */
-template <int K, typename S, typename I, typename O, bool ONE_TOKEN>
+template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool MIXER>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
     switch (state_regs_for<K, S, true>(p, ONE_TOKEN)) {
-    case state_regs::big: return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN>(p, stream);
-    case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN>(p, stream);
-    default: return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN>(p, stream);
+    case state_regs::big: return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, MIXER>(p, stream);
+    case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, MIXER>(p, stream);
+    default: return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, MIXER>(p, stream);
     }
 }
 
+template <int K, typename S, typename I, typename O, bool MIXER>
+static gdn_status launch_strategy(const gdn__layer_params *p, cudaStream_t stream)
+{
+    /* A decode and a write-back (T = 0) run the one-token instance. */
+    return p->T <= 1 && !(p->deferred_verify && p->T == 1) ? launch_tokens<K, S, I, O, true, MIXER>(p, stream)
+                                                          : launch_tokens<K, S, I, O, false, MIXER>(p, stream);
+}
 template <int K, typename S, typename I, typename O>
 static gdn_status launch(const gdn__layer_params *p, cudaStream_t stream)
 {
-    /* A decode and a write-back (T = 0) run the one-token instance. */
-    return p->T <= 1 && !(p->deferred_verify && p->T == 1) ? launch_tokens<K, S, I, O, true>(p, stream)
-                                                          : launch_tokens<K, S, I, O, false>(p, stream);
+    return launch_strategy<K, S, I, O, false>(p, stream);
+}
+/* With the mixer (SPEC 6): K = 128 only, as the layer kernel's mixer instances. */
+template <int K, typename S, typename I, typename O>
+static gdn_status launch_mixer(const gdn__layer_params *p, cudaStream_t stream)
+{
+    return launch_strategy<K, S, I, O, true>(p, stream);
 }
 
 static gdn_status dispatch(const gdn__layer_params *p, cudaStream_t stream, bool run)
 {
+    if (gdn__mixer_on(&p->mixer)) {
+        if ((unsigned)p->state_dtype > 3u || (unsigned)p->input_dtype > 3u || (unsigned)p->output_dtype > 3u)
+            return GDN_ENOTSUP;
+        switch (GDN__LAYER_KEY(p->K, (int)p->state_dtype, (int)p->input_dtype, (int)p->output_dtype)) {
+            GDN__LAYER_CASES_K(launch_mixer, 128)
+        default: return GDN_ENOTSUP;
+        }
+    }
     GDN__LAYER_DISPATCH(launch)
 }
 

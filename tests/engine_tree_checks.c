@@ -460,8 +460,7 @@ static void assert_refused(fixture *f, const gdn_step *step, gdn_status expected
 }
 
 /* An engine with the mixer's gated norm runs a verify with counts and one with a tree (their numbers:
- * test_op_mixer and test_gpu_mixer), and a plain verify; on the CPU backend, where the ring runs
- * the mixer, a ring engine runs the tree too. */
+ * test_op_mixer and test_gpu_mixer), and a plain verify; a ring engine runs the tree too. */
 static void check_mixer_steps(gdn_backend_kind backend, gdn_verify_strategy strategy, uint64_t seed)
 {
     gdn_engine_config c = fixture_config(backend, strategy == GDN_VERIFY_RING ? GDN_VERIFY_CACHE : strategy,
@@ -489,7 +488,6 @@ static void check_mixer_steps(gdn_backend_kind backend, gdn_verify_strategy stra
     cr_assert_eq(gdn_engine_commit(e, NULL), GDN_OK);
     cr_assert_eq(gdn_engine_check_device_error(e, NULL), GDN_OK);
     gdn_engine_destroy(e);
-    if (backend != GDN_BACKEND_CPU) return;
     c.verify_strategy = GDN_VERIFY_RING;
     e = test_engine_create(&c, &rng, NULL);
     for (int k = 0; k < 2; k++) cr_assert_eq(gdn_slot_alloc(e, &slots[k]), GDN_OK);

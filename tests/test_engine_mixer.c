@@ -919,9 +919,10 @@ Test(engine_mixer, refused_configurations)
     cr_assert_eq(gdn_engine_config_validate(&c), GDN_OK);
 }
 
-/* The CUDA backend refuses at creation what its fused mixer kernel does not run (the ring strategy,
- * GDN_ENOTSUP); a build or a machine without a GPU says GDN_ENODEV first. */
-Test(engine_mixer, cuda_refuses_the_mixer_with_the_ring)
+/* The CUDA backend runs the mixer with every strategy, the ring's included, at K = 128 only: it
+ * refuses another key head size at creation (GDN_ENOTSUP); a build or a machine without a GPU says
+ * GDN_ENODEV first. */
+Test(engine_mixer, cuda_runs_the_mixer_with_the_ring_at_k_128_only)
 {
     const em_cfg cfg = {CFG(GDN_VERIFY_RING, 1601)};
     gdn_engine_config c = em_config(&cfg);
@@ -932,11 +933,18 @@ Test(engine_mixer, cuda_refuses_the_mixer_with_the_ring)
     const int gpu = gdn_engine_create(&plain, &e) == GDN_OK;
     gdn_engine_destroy(e);
     e = NULL;
+    cr_assert_eq(c.model.head_dim_k, 64, "the tiny preset");
     const gdn_status st = gdn_engine_create(&c, &e);
-    cr_assert_eq(st, gpu ? GDN_ENOTSUP : GDN_ENODEV, "CUDA with a mixer: %s", gdn_status_name(st));
+    cr_assert_eq(st, gpu ? GDN_ENOTSUP : GDN_ENODEV, "CUDA with a mixer at K = 64: %s", gdn_status_name(st));
     cr_assert_null(e);
     c.mixer.conv_width = 0; /* the norm alone is a mixer too */
     cr_assert_eq(gdn_engine_create(&c, &e), gpu ? GDN_ENOTSUP : GDN_ENODEV);
+    cr_assert_null(e);
+    c.mixer.conv_width = 4;
+    c.model.head_dim_k = c.model.head_dim_v = 128;
+    const gdn_status at_128 = gdn_engine_create(&c, &e);
+    cr_assert_eq(at_128, gpu ? GDN_OK : GDN_ENODEV, "CUDA ring with a mixer at K = 128: %s", gdn_status_name(at_128));
+    gdn_engine_destroy(e);
 }
 
 /* The mixer's calls, each refusal with its code and changing nothing. */

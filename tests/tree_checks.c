@@ -472,7 +472,7 @@ void tree_check_bad_values(gdn_backend_kind backend, gdn_verify_strategy strateg
 
 
 /* Host-side refusals of the node commit: no op or no nodes (GDN_EINVAL), a decode (GDN_ESTEP_KIND);
- * on CUDA, the ring with a mixer (GDN_ENOTSUP: no kernel runs the ring's mixer there); nothing changes. */
+ * nothing changes. */
 void tree_check_commit_node_refusals(gdn_backend_kind backend)
 {
     tcase *c = tc_create(backend, "tiny", GDN_VERIFY_RING, GDN_DTYPE_F32, 2, 31);
@@ -483,16 +483,6 @@ void tree_check_commit_node_refusals(gdn_backend_kind backend)
     cr_assert_eq(gdn_op_commit_node(&c->op, NULL, NULL), GDN_EINVAL);
     c->op.kind = GDN_STEP_DECODE, c->op.tokens = 1;
     cr_assert_eq(gdn_op_commit_node(&c->op, accepted, NULL), GDN_ESTEP_KIND);
-    c->op.kind = GDN_STEP_VERIFY, c->op.tokens = 2;
-    if (backend == GDN_BACKEND_CPU) { /* the CPU backend runs the ring's mixer, with trees too (test_op_mixer) */
-        tc_free(c);
-        return;
-    }
-    float *norm_weight = be_alloc(c, sizeof(float) * (size_t)c->V);
-    gdn_mixer mixer = {.norm_weight = norm_weight};
-    c->op.mixer = &mixer, c->op.z = c->op.v, c->op.parents = dev_parents(c);
-    cr_assert_eq(gdn_op_layer_step(&c->op, NULL), GDN_ENOTSUP);
-    cr_assert_eq(gdn_op_commit_node(&c->op, accepted, NULL), GDN_ENOTSUP);
     unsigned char *ws = malloc(c->ws_bytes);
     be_download(c, ws, c->op.workspace, c->ws_bytes);
     cr_assert_eq(memcmp(ws, c->ws, c->ws_bytes), 0, "a refused call wrote the workspace");

@@ -250,9 +250,8 @@ typedef struct gdn_conv_pool {
  * a verify neither until its commit, which advances both by accepted[i] (every strategy); slot
  * reset zeroes both, slot copy carries both; gdn_slot_read_conv_state and the conv import / export
  * move a window. Both backends run it; on CUDA one fused kernel per layer runs conv, recurrence and
- * norm, for the cache and fold strategies with head_dim_k 128 (the ring strategy or another head
- * size with a mixer: GDN_ENOTSUP from gdn_engine_create), x 16-byte aligned with row and token
- * strides multiples of 8 elements.
+ * norm, for every strategy with head_dim_k 128 (another head size with a mixer: GDN_ENOTSUP from
+ * gdn_engine_create), x 16-byte aligned with row and token strides multiples of 8 elements.
  */
 typedef struct gdn_mixer_config {
     int32_t conv_width;          /* W in 2..4: the conv; 0: no conv (q, k, v are the step's inputs) */

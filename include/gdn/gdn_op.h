@@ -107,8 +107,7 @@ typedef struct gdn_op_layer {
      * Every strategy runs them: CACHE keeps the state after each node, FOLD and RING keep each
      * node's inputs and their commit moves the accepted path's to the front, in path order, so the
      * fold or the ring folds only the path (its length, not T). Both backends; with a mixer each
-     * node's conv follows its path and the window advances along the accepted path (RING with a
-     * mixer: the CPU backend only, as without a tree). With
+     * node's conv follows its path and the window advances along the accepted path. With
      * overlap_preceding the preceding kernel must not write them either (they are read before the
      * wait, with the slots). */
     const int32_t *token_counts;
@@ -129,7 +128,7 @@ GDN_API size_t gdn_op_workspace_bytes(const gdn_op_layer *op);
  * required pointer, AUTO backend, AUTO strategy, a model or dtype outside gdn.h's ranges),
  * GDN_ESTEP_KIND, GDN_ESTEP_TOKENS (decode with T != 1, verify outside 1..max_tokens),
  * GDN_ESTEP_BATCH (batch < 0 or > max_batch), GDN_ENOTSUP (alignment on CUDA; a mixer on CUDA
- * with the RING strategy or head_dim_k other than 128), GDN_ENODEV (CUDA in a build without it); GDN_ECUDA when the launch fails. A mixer:
+ * with head_dim_k other than 128), GDN_ENODEV (CUDA in a build without it); GDN_ECUDA when the launch fails. A mixer:
  * GDN_EINVAL for a conv width outside 2..4 (0: none), a NULL conv weight, conv pool, x (with the
  * conv) or z (with the norm), or a window that is not one contiguous block per slot.
  */

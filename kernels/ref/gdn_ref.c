@@ -358,14 +358,17 @@ typedef struct ring_plan {
     int keep;      /* the step's tokens become records */
 } ring_plan;
 
-static ring_plan plan_ring_row(const gdn__layer_params *p, int64_t r, int64_t w, int32_t n)
+/* A verify writes back when the step's T records do not fit: T, not the row's count, as in the CUDA
+ * kernel, which reserves a record for every token; both backends then round a bf16 state at the
+ * same steps. */
+static ring_plan plan_ring_row(const gdn__layer_params *p, int64_t r, int64_t w)
 {
     ring_plan plan;
     int32_t h = p->ring_count[r];
     plan.h = h < 0 ? 0 : (h > p->ring_capacity ? p->ring_capacity : h);
     if (p->T == 0) plan.flush = plan.h > 0, plan.keep = 0;
     else if (!p->deferred_verify) plan.flush = r != w || plan.h + 1 >= p->ring_length, plan.keep = !plan.flush;
-    else plan.flush = r != w || plan.h + n > p->ring_capacity, plan.keep = 1; /* n: the row's tokens */
+    else plan.flush = r != w || plan.h + p->T > p->ring_capacity, plan.keep = 1;
     plan.base = plan.flush ? 0 : plan.h;
     return plan;
 }
@@ -517,7 +520,7 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
         else memset(rt.live, 1, sizeof rt.live);
         /* a bad count, or a step that writes its state (a decode) with a padding token: padding row */
         const int padding = r < 0 || out_of_range || rt.bad || (!verify && !rt.all_live);
-        const ring_plan plan = p->ring && !padding ? plan_ring_row(p, r, w, rt.n) : (ring_plan){0, 0, 0, 0};
+        const ring_plan plan = p->ring && !padding ? plan_ring_row(p, r, w) : (ring_plan){0, 0, 0, 0};
         int32_t folded = 0; /* fold: the read slot's pending tokens */
         if (p->token_store && !padding) {
             folded = p->pending[r];
