@@ -118,38 +118,6 @@ struct ring_record_layout {
     }
 };
 
-/* With the conv, a row that writes back gives slot w the window after the flushed entries: the last
- * W - 1 positions of [window of r; records 0..h-1 of r; the decode's own token] up to `flushed`
- * entries. Run by the row's last CTA (every CTA of the row has read slot r's window and records),
- * before it overwrites any record; a thread per channel reads all of its positions before it writes
- * them, so r == w needs no barrier. */
-template <typename I>
-__device__ __forceinline__ void write_flushed_window(const gdn__layer_params &p, int64_t i, int64_t r, int64_t w,
-                                                     const char *ring_r, int64_t record_bytes, int h, int flushed)
-{
-    const gdn__mixer_params &m = p.mixer;
-    const int rows = m.conv_width - 1;
-    const I *win_r = static_cast<const I *>(m.conv_state) + r * m.conv_slot_stride;
-    I *win_w = static_cast<I *>(m.conv_state) + w * m.conv_slot_stride;
-    for (int c = threadIdx.x; c < m.conv_dim; c += blockDim.x) {
-        I x[GDN__MAX_CONV_WIDTH - 1];
-#pragma unroll
-        for (int j = 0; j < GDN__MAX_CONV_WIDTH - 1; j++) {
-            if (j >= rows) break;
-            const int at = flushed + j; /* position in [window; entries] */
-            const int entry = at - rows;
-            x[j] = entry < 0  ? win_r[at * m.conv_token_stride + c * m.conv_channel_stride]
-                   : entry < h ? reinterpret_cast<const I *>(ring_r + entry * record_bytes)[c]
-                               : static_cast<const I *>(m.x)[gdn__at(m.x_strides, i, entry - h, 0) + c];
-        }
-#pragma unroll
-        for (int j = 0; j < GDN__MAX_CONV_WIDTH - 1; j++) {
-            if (j >= rows) break;
-            win_w[j * m.conv_token_stride + c * m.conv_channel_stride] = x[j];
-        }
-    }
-}
-
 /* ---------------------------------------------------------------------------------------------- */
 /* Kernel                                                                                           */
 /* ---------------------------------------------------------------------------------------------- */
@@ -165,8 +133,10 @@ __device__ __forceinline__ void write_flushed_window(const gdn__layer_params &p,
  * MIXER (SPEC 6; gdn_cuda_mixer.cuh): with the conv, records hold raw x and the window of a slot is
  * its checkpoint's, so a CTA copies its channels (q and k of its key head, v of its rows) of [window
  * of r; records; own tokens] into shared memory and runs the conv over them for every entry's k and
- * the own tokens' q and v. The row's last CTA moves the window when the row writes back. With the
- * norm, the CTAs leave o in fp32 scratch and the last CTA of each head normalises it. */
+ * the own tokens' q and v. A row that writes back moves its window from those copies, as the layer
+ * kernel does: each CTA its v channels (no other CTA reads them), the last CTA of a key head's
+ * value heads its q and k channels. With the norm, the CTAs leave o in fp32 scratch and the last
+ * CTA of each head normalises it. */
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool MIXER>
 __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM)) ring_step_kernel(const gdn__layer_params p, int passes)
 {
@@ -352,6 +322,10 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     /* The last entry a write-back includes: h - 1 before the own tokens (verify, flush), h with the
      * decode's own token. */
     const int flushed = !verify && T == 1 ? h + 1 : h;
+    /* With the conv, slot w's window after the flushed entries: the last W - 1 of [window of r;
+     * records; the decode's token] up to them, from the raw copy (complete since the conv pass). */
+    const int window_length = window_rows + flushed;
+    if (conv && flush) write_window<I>(p, mc, raw, row_seq, window_length, w, 2 * K, mc.width);
     if (flush) {
         const float last = flushed > 0 ? s.logd[flushed - 1] : 0.0f;
         for (int m = threadIdx.x; m <= flushed; m += blockDim.x)
@@ -385,9 +359,12 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     /* Every read of slot r's count and records is done: count this CTA in (the last one does the
      * row's bookkeeping at its end). */
     unsigned arrival = 0;
+    bool kh_last = false; /* with the conv and a write-back: the last CTA of kh's heads to have read its window */
     if (threadIdx.x == 0) {
         __threadfence();
         arrival = atomicAdd(&p.arrivals[i], (unsigned)passes);
+        if (conv && flush)
+            kh_last = arrive_last(p.mixer.arrivals + i * (int64_t)(HK + HV) + kh, (uint32_t)((HV / HK) * spans_per_head));
     }
 
     float *u_records = reinterpret_cast<float *>(ring_w + u_offset) + (int64_t)head * V;
@@ -550,16 +527,11 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
         }
     }
 
-    __shared__ int last_cta;
-    if (threadIdx.x == 0) last_cta = arrival + passes == (unsigned)(HV * tiles_per_head);
+    __shared__ int last_cta, kh_last_cta;
+    if (threadIdx.x == 0) last_cta = arrival + passes == (unsigned)(HV * tiles_per_head), kh_last_cta = kh_last;
     __syncthreads();
+    if (kh_last_cta) write_window<I>(p, mc, raw, row_seq, window_length, w, 0, 2 * K);
     if (!last_cta) return;
-    /* With the conv, a row that writes back moves its window: before any record of slot r is
-     * overwritten (below), from every CTA's finished reads. */
-    if (conv && flush) {
-        write_flushed_window<I>(p, i, r, w, ring_r, record_bytes, h, flushed);
-        if (overwrites_read_records) __syncthreads();
-    }
     if (overwrites_read_records) {
         if (conv) {
             const int64_t pieces = (int64_t)p.mixer.conv_dim * (int64_t)sizeof(I) / 16;
@@ -596,17 +568,22 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
 #define GDN__RING_SPAN_MIN_CTAS 1024
 #endif
 #define GDN__RING_MAX_PASSES 4
+/* With the mixer every CTA runs the conv over the records of its key head's channels, so the
+ * launch keeps fewer, wider CTAs: 4 warps and longer spans down to this many CTAs. */
+#ifndef GDN__RING_MIXER_MIN_CTAS
+#define GDN__RING_MIXER_MIN_CTAS 256
+#endif
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool MIXER>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
     using Geo = layer_geometry<K, S, REGS, true>;
-    const int warps = warps_for<Geo>(p, 1, GDN__SMALL_GRID_CTAS);
+    const int warps = warps_for<Geo>(p, 1, MIXER ? GDN__RING_MIXER_MIN_CTAS : GDN__SMALL_GRID_CTAS);
     if (p->V % (warps * Geo::ROWS_PER_WARP) != 0) return GDN_ENOTSUP;
     const int pass_rows = warps * Geo::ROWS_PER_WARP;
     int passes = 1;
     while (passes < GDN__RING_MAX_PASSES && (p->V / pass_rows) % (2 * passes) == 0 &&
-           (int64_t)p->B * p->HV * (p->V / (pass_rows * 2 * passes)) >= GDN__RING_SPAN_MIN_CTAS)
+           (int64_t)p->B * p->HV * (p->V / (pass_rows * 2 * passes)) >= (MIXER ? GDN__RING_MIXER_MIN_CTAS : GDN__RING_SPAN_MIN_CTAS))
         passes *= 2;
     const int span_rows = pass_rows * passes;
     const dim3 grid((unsigned)(p->HV * (p->V / span_rows)), (unsigned)p->B);
