@@ -621,11 +621,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         if (conv) {
             __syncthreads(); /* the whole raw sequence (each thread waited for its own copies) */
             if (!ONE_TOKEN && !p.parents)
-                conv_pass_sliding<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T,
-                                     conv_targets::of(s, own0, cta_rows));
+                conv_pass_sliding<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s);
             else
-                conv_pass_gathered<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T,
-                                      conv_targets::of(s, own0, cta_rows),
+                conv_pass_gathered<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s,
                                       p.parents ? p.parents + i * T : nullptr);
             __syncthreads();
             for (int j = warp; j < tokens; j += warps) {

@@ -55,20 +55,6 @@ struct mixer_sequence {
     }
 };
 
-/* Where the conv pass leaves its outputs (fp32 rows): k of stored token j at khat + j K and of own
- * token t at khat + (own_row0 + t) K; q of own token t at qhat + t K; v of the CTA's rows of own token
- * t at v_own + t rows, and of stored token j at v_stored + j rows (nullptr: not needed, as for the
- * ring's records, whose corrections are stored instead). */
-struct conv_targets {
-    float *khat, *qhat, *v_stored, *v_own;
-    int own_row0;
-    /* The layer kernel's prepared tokens: stored and own tokens in one sequence of rows. */
-    __device__ static conv_targets of(shared_tokens &s, int own0, int rows)
-    {
-        return {s.khat, s.qhat, s.v, s.v + (size_t)own0 * rows, own0};
-    }
-};
-
 /* The mixer's shared memory past the prepared tokens, byte offsets (each part 16-byte aligned): the
  * raw sequence, the CTA's conv weights and bias (their storage type), the head's z (T x V, input
  * type), the norm weight (V fp32) and, for a CTA that holds a whole head, its o (T x V fp32). Host
@@ -203,13 +189,16 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
  * (row_parents: the row's parents, or NULL for a chain) an own token's taps follow its path: its
  * parent, grandparent, ..., then the positions before the own tokens. Each output gathers its taps
  * (the decode's one position a channel; trees); a chain verify slides them (conv_pass_sliding). The
- * caller syncs. */
-template <typename I>
+ * caller syncs. STORED_V false (the ring: its records keep their corrections): no v of the stored
+ * tokens, and the own tokens' k and v rows start at own_row0, not at seq.own0 (their place in the
+ * raw copy), so that s.v's rows before own_row0 may be another buffer's. */
+template <typename I, bool STORED_V = true>
 __device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                                    const char *weights_sh, const char *bias_sh,
-                                                   const mixer_sequence &seq, int T, const conv_targets &out,
-                                                   const int32_t *row_parents)
+                                                   const mixer_sequence &seq, int T, shared_tokens &s,
+                                                   const int32_t *row_parents, int own_row0 = 0)
 {
+    if constexpr (STORED_V) own_row0 = seq.own0;
     const gdn__mixer_params &m = p.mixer;
     const int W = m.conv_width, K = mc.K;
     const int own_start = seq.window_rows + seq.folds; /* logical position of own token 0 */
@@ -240,17 +229,17 @@ __device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, c
                     acc = fmaf(w[j], gdn__to_f32(raw[seq.physical(at[GDN__MAX_CONV_WIDTH - W + j]) * mc.pitch + c]), acc);
             return silu(acc);
         };
-        const bool stored_needed = c < K ? false : c < 2 * K || out.v_stored; /* q of stored tokens: never */
-        for (int j = 0; stored_needed && j < seq.folds; j++) { /* folded tokens: k and v */
+        for (int j = c < K || (!STORED_V && c >= 2 * K) ? seq.folds : 0; j < seq.folds; j++) { /* folded tokens: k and v */
             const float y = conv_at(seq.window_rows + j);
-            if (c < 2 * K) out.khat[(size_t)j * K + (c - K)] = y;
-            else out.v_stored[(size_t)j * mc.rows + (c - 2 * K)] = y;
+            if (c < 2 * K) s.khat[(size_t)j * K + (c - K)] = y;
+            else s.v[(size_t)j * mc.rows + (c - 2 * K)] = y;
         }
         for (int t = 0; t < T; t++) {
             const float y = conv_at(seq.window_rows + seq.folds + t);
-            if (c < K) out.qhat[(size_t)t * K + c] = y;
-            else if (c < 2 * K) out.khat[(size_t)(out.own_row0 + t) * K + (c - K)] = y;
-            else out.v_own[(size_t)t * mc.rows + (c - 2 * K)] = y;
+            const int j = own_row0 + t;
+            if (c < K) s.qhat[(size_t)t * K + c] = y;
+            else if (c < 2 * K) s.khat[(size_t)j * K + (c - K)] = y;
+            else s.v[(size_t)j * mc.rows + (c - 2 * K)] = y;
         }
     }
 }
@@ -258,10 +247,10 @@ __device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, c
 /* The same conv for a chain verify (no parents): every channel's taps slide along its sequence in
  * registers, one shared read a position instead of W. Weights and taps are aligned to the newest
  * tap (index GDN__MAX_CONV_WIDTH - 1), so that the runtime W indexes nothing at run time. */
-template <typename I>
+template <typename I, bool STORED_V = true>
 __device__ __forceinline__ void conv_pass_sliding(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                                   const char *weights_sh, const char *bias_sh, const mixer_sequence &seq,
-                                                  int T, const conv_targets &out)
+                                                  int T, shared_tokens &s, int ring_own_row0 = 0)
 {
     constexpr int MW = GDN__MAX_CONV_WIDTH;
     const gdn__mixer_params &m = p.mixer;
@@ -274,14 +263,13 @@ __device__ __forceinline__ void conv_pass_sliding(const gdn__layer_params &p, co
         for (int j = 0; j < MW; j++)
             w[j] = j >= MW - W ? conv_param(weights_sh, m.conv_weight_dtype, (int64_t)c * W + j - (MW - W)) : 0.0f;
         const float bias = m.conv_bias ? conv_param(bias_sh, m.conv_weight_dtype, c) : 0.0f;
-        /* The output at a logical position goes to own token t's row (conv_targets), to folded token
-         * j's for the one at window_rows + j (k, and v where wanted). */
+        /* The output at a logical position goes to prepared token own0 + t for own token t (q^: row
+         * t), to folded token j for the one at window_rows + j (k and v only). */
         const bool is_q = c < K, is_k = !is_q && c < 2 * K;
-        const bool stored_needed = is_k || (!is_q && out.v_stored);
-        float *const stored = is_k ? out.khat + (c - K) : stored_needed ? out.v_stored + (c - 2 * K) : nullptr;
-        float *const own = is_q ? out.qhat + c : is_k ? out.khat + (size_t)out.own_row0 * K + (c - K) : out.v_own + (c - 2 * K);
+        float *const dst = is_q ? s.qhat + c : is_k ? s.khat + (c - K) : s.v + (c - 2 * K);
         const int stride = is_k || is_q ? K : mc.rows;
-        const int first = stored_needed ? seq.window_rows : own_start;
+        const int own_row0 = is_q ? 0 : STORED_V ? seq.own0 : ring_own_row0;
+        const int first = is_q || (!STORED_V && !is_k) ? own_start : seq.window_rows;
         float x[MW];
 #pragma unroll
         for (int j = 0; j < MW; j++) x[j] = 0.0f;
@@ -294,8 +282,8 @@ __device__ __forceinline__ void conv_pass_sliding(const gdn__layer_params &p, co
 #pragma unroll
             for (int j = 0; j < MW; j++)
                 if (j >= MW - W) acc = fmaf(w[j], x[j], acc);
-            if (at < own_start) stored[(size_t)(at - seq.window_rows) * stride] = silu(acc);
-            else own[(size_t)(at - own_start) * stride] = silu(acc);
+            const int row = at < own_start ? at - seq.window_rows : own_row0 + (at - own_start);
+            dst[(size_t)row * stride] = silu(acc);
         }
     }
 }

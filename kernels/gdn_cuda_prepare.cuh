@@ -44,6 +44,11 @@ struct shared_tokens {
         raw_k = keep_heads > 0 ? base + prepared_floats(K, tile_rows, capacity, T) : nullptr;
         raw_gates = keep_heads > 0 ? static_cast<float *>(raw_k) + (size_t)T * K / 2 : nullptr;
     }
+    /* A view of k^, q^ and v rows that live elsewhere (the ring kernel's, for the mixer's conv pass). */
+    __device__ shared_tokens(float *khat_, float *qhat_, float *v_)
+        : khat(khat_), qhat(qhat_), v(v_), gate(nullptr), beta(nullptr), kq(nullptr), raw_k(nullptr), raw_gates(nullptr)
+    {
+    }
 };
 
 /* Token preparation runs in two passes so that every global read of a CTA's tokens is in flight at

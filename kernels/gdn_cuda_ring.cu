@@ -283,14 +283,14 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
 
     /* 2. Normalised rows, cumulative decays, coefficients. With the conv, its outputs first: every
      * entry's k (rows 0..E-1 of khat), the own tokens' q and v. */
-    const mixer_sequence row_seq{seq.window_rows, h, seq.own0};
-    if (conv) {
-        const conv_targets targets{s.khat, s.qhat, nullptr, s.vown, h};
+    const mixer_sequence row_seq{window_rows, h, seq.own0};
+    if (conv) { /* own tokens' k at khat row h + t; the records' v are not needed (their u is): v's rows before h are never written */
+        shared_tokens rows(s.khat, s.qhat, s.vown - (size_t)h * span_rows);
         if (!ONE_TOKEN && !p.parents)
-            conv_pass_sliding<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq, T, targets);
+            conv_pass_sliding<I, false>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq, T, rows, h);
         else
-            conv_pass_gathered<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq, T, targets,
-                                  p.parents ? p.parents + i * T : nullptr);
+            conv_pass_gathered<I, false>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq, T, rows,
+                                         p.parents ? p.parents + i * T : nullptr, h);
         __syncthreads();
     }
     for (int item = warp; item < E + T; item += warps) {
@@ -488,8 +488,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     if (keep && !overwrites_read_records && conv) {
         I *const x_records = reinterpret_cast<I *>(ring_w + base * record_bytes);
         const int64_t record_elems = record_bytes / (int64_t)sizeof(I);
-        store_own_x<I>(mc, raw, seq, T, x_records, record_elems, 2 * K, mc.width);
-        if (first_tile == 0 && head % (HV / HK) == 0) store_own_x<I>(mc, raw, seq, T, x_records, record_elems, 0, 2 * K);
+        store_own_x<I>(mc, raw, row_seq, T, x_records, record_elems, 2 * K, mc.width);
+        if (first_tile == 0 && head % (HV / HK) == 0) store_own_x<I>(mc, raw, row_seq, T, x_records, record_elems, 0, 2 * K);
     }
     if (keep && !overwrites_read_records && first_tile == 0) {
         constexpr int CHUNKS = K * 2 / 16;
