@@ -190,15 +190,15 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
  * parent, grandparent, ..., then the positions before the own tokens. Each output gathers its taps
  * (the decode's one position a channel; trees); a chain verify slides them (conv_pass_sliding). The
  * caller syncs. STORED_V false (the ring: its records keep their corrections): no v of the stored
- * tokens, and the own tokens' k and v rows start at own_row0, not at seq.own0 (their place in the
- * raw copy), so that s.v's rows before own_row0 may be another buffer's. */
+ * tokens, and the own tokens' k and v rows start at ring_own_row0, not at seq.own0 (their place in
+ * the raw copy), so that s.v's rows before ring_own_row0 may be another buffer's. */
 template <typename I, bool STORED_V = true>
 __device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                                    const char *weights_sh, const char *bias_sh,
                                                    const mixer_sequence &seq, int T, shared_tokens &s,
-                                                   const int32_t *row_parents, int own_row0 = 0)
+                                                   const int32_t *row_parents, int ring_own_row0 = 0)
 {
-    if constexpr (STORED_V) own_row0 = seq.own0;
+    const int own_row0 = STORED_V ? seq.own0 : ring_own_row0;
     const gdn__mixer_params &m = p.mixer;
     const int W = m.conv_width, K = mc.K;
     const int own_start = seq.window_rows + seq.folds; /* logical position of own token 0 */

@@ -195,7 +195,6 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
                            p.mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, norm);
     char *const mixer_base = reinterpret_cast<char *>(smem) + ring_shared::bytes(K, C, T, span_rows, !conv);
     I *const raw = reinterpret_cast<I *>(mixer_base + parts.raw);
-    const mixer_sequence seq{window_rows, 0, C}; /* folds: h, once read */
     const bool window_async = conv && window_rows_contiguous(p.mixer);
     if (conv) { /* layer parameters and slot r's window: not written by the preceding kernel */
         stage_conv_params(p, mc, mixer_base + parts.weights, mixer_base + parts.bias);
@@ -283,7 +282,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
 
     /* 2. Normalised rows, cumulative decays, coefficients. With the conv, its outputs first: every
      * entry's k (rows 0..E-1 of khat), the own tokens' q and v. */
-    const mixer_sequence row_seq{window_rows, h, seq.own0};
+    const mixer_sequence row_seq{window_rows, h, C}; /* own tokens at raw rows C.. */
     if (conv) { /* own tokens' k at khat row h + t; the records' v are not needed (their u is): v's rows before h are never written */
         shared_tokens rows(s.khat, s.qhat, s.vown - (size_t)h * span_rows);
         if (!ONE_TOKEN && !p.parents)
