@@ -409,6 +409,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * sequential row sets); otherwise the head's last CTA does, from fp32 scratch. */
     const bool local_norm = norm && tiles_per_head == 1;
     const bool window_async = conv && window_rows_contiguous(p.mixer);
+    /* A chain verify's conv with bf16 state takes the approximate SiLU (bench/results/
+     * 2026-11-29-h200-fold-verify-chain-forms.md; with fp32 state it measured slower, from register
+     * allocation: 2026-11-27-h100-mixer-verify-conv.md). */
+    constexpr bool FAST_SILU = sizeof(S) == 2;
     const int64_t token_elems = conv ? gdn__mixer_token_elems(p.mixer.conv_dim, HV) : gdn__token_elems(HK, HV, K, V);
     /* Slot r's stored token j into shared memory: its raw inputs with the conv, else k and v. */
     const auto stage_stored = [&](int j) {
@@ -621,7 +625,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         if (conv) {
             __syncthreads(); /* the whole raw sequence (each thread waited for its own copies) */
             if (!ONE_TOKEN && !p.parents)
-                conv_pass_sliding<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s);
+                conv_pass_sliding<I, true, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s);
             else
                 conv_pass_gathered<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s,
                                       p.parents ? p.parents + i * T : nullptr);

@@ -180,8 +180,12 @@ __device__ __forceinline__ float conv_param(const void *base, gdn_dtype dtype, i
                                   : gdn__to_f32(static_cast<const __nv_bfloat16 *>(base)[at]);
 }
 
-/* SiLU, x sigmoid(x): the conv's activation and the norm's gate. */
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+/* SiLU, x sigmoid(x): the conv's activation and the norm's gate. FAST: the hardware's approximate
+ * exponential and division (a few ulp; 0 for x below about -87, as the precise form). */
+template <bool FAST = false> __device__ __forceinline__ float silu(float x)
+{
+    return FAST ? __fdividef(x, 1.0f + __expf(-x)) : x / (1.0f + expf(-x));
+}
 
 /* The conv over the raw sequence, every channel of the CTA by one thread: SiLU(bias + sum_j w[c, j]
  * seq[P - W + 1 + j][c]) for the folded tokens (k and v channels; their q is not used) and the own
@@ -247,7 +251,7 @@ __device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, c
 /* The same conv for a chain verify (no parents): every channel's taps slide along its sequence in
  * registers, one shared read a position instead of W. Weights and taps are aligned to the newest
  * tap (index GDN__MAX_CONV_WIDTH - 1), so that the runtime W indexes nothing at run time. */
-template <typename I, bool STORED_V = true>
+template <typename I, bool STORED_V = true, bool FAST_SILU = false>
 __device__ __forceinline__ void conv_pass_sliding(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                                   const char *weights_sh, const char *bias_sh, const mixer_sequence &seq,
                                                   int T, shared_tokens &s, int ring_own_row0 = 0)
@@ -283,7 +287,7 @@ __device__ __forceinline__ void conv_pass_sliding(const gdn__layer_params &p, co
             for (int j = 0; j < MW; j++)
                 if (j >= MW - W) acc = fmaf(w[j], x[j], acc);
             const int row = at < own_start ? at - seq.window_rows : own_row0 + (at - own_start);
-            dst[(size_t)row * stride] = silu(acc);
+            dst[(size_t)row * stride] = silu<FAST_SILU>(acc);
         }
     }
 }
