@@ -98,8 +98,8 @@ if want tests; then
     "$bundle/gdn-serving-loop" --verify cache --state bf16 > "$out/example_cache.log" 2>&1
     echo "== example, cache strategy, bf16 state: $(tail -1 "$out/example_cache.log")"
     # The model loop on the CUDA backend (cuBLAS from the host's toolkit: its rpath, else CUDA_HOME);
-    # exit 3 = the CUDA backend refused the mixer (it runs cache and fold; ring is not run here).
-    for v in cache fold; do
+    # exit 3 = the CUDA backend refused the mixer.
+    for v in cache fold ring; do
         LD_LIBRARY_PATH="$LD_LIBRARY_PATH:${CUDA_HOME:-/usr/local/cuda}/lib64" "$bundle/gdn-model-loop" --backend cuda \
             --verify $v > "$out/model_loop_$v.log" 2>&1
         echo "== model-loop example, CUDA backend, $v strategy (exit $?; 3: mixer refused): $(tail -1 "$out/model_loop_$v.log")"
