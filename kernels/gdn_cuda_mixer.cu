@@ -15,10 +15,5 @@ static gdn_status launch_mixer(const gdn__layer_params *p, cudaStream_t stream)
 extern "C" gdn_status gdn__cuda_mixer_step(const gdn__layer_params *p, void *stream_ptr, int run)
 {
     const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-    if ((unsigned)p->state_dtype > 3u || (unsigned)p->input_dtype > 3u || (unsigned)p->output_dtype > 3u)
-        return GDN_ENOTSUP;
-    switch (GDN__LAYER_KEY(p->K, (int)p->state_dtype, (int)p->input_dtype, (int)p->output_dtype)) {
-        GDN__LAYER_CASES_K(launch_mixer, 128)
-    default: return GDN_ENOTSUP;
-    }
+    GDN__MIXER_DISPATCH(launch_mixer)
 }

@@ -633,7 +633,7 @@ static gdn_status launch(const gdn__layer_params *p, cudaStream_t stream)
 {
     return launch_strategy<K, S, I, O, false>(p, stream);
 }
-/* With the mixer (SPEC 6): K = 128 only, as the layer kernel's mixer instances. */
+/* With the mixer (SPEC 6). */
 template <int K, typename S, typename I, typename O>
 static gdn_status launch_mixer(const gdn__layer_params *p, cudaStream_t stream)
 {
@@ -643,12 +643,7 @@ static gdn_status launch_mixer(const gdn__layer_params *p, cudaStream_t stream)
 static gdn_status dispatch(const gdn__layer_params *p, cudaStream_t stream, bool run)
 {
     if (gdn__mixer_on(&p->mixer)) {
-        if ((unsigned)p->state_dtype > 3u || (unsigned)p->input_dtype > 3u || (unsigned)p->output_dtype > 3u)
-            return GDN_ENOTSUP;
-        switch (GDN__LAYER_KEY(p->K, (int)p->state_dtype, (int)p->input_dtype, (int)p->output_dtype)) {
-            GDN__LAYER_CASES_K(launch_mixer, 128)
-        default: return GDN_ENOTSUP;
-        }
+        GDN__MIXER_DISPATCH(launch_mixer)
     }
     GDN__LAYER_DISPATCH(launch)
 }

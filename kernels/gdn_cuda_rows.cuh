@@ -235,15 +235,19 @@ template <typename Geo> inline int warps_for(const gdn__layer_params *p, int set
     GDN__LAYER_CASE(LAUNCH, K, BF16, __nv_bfloat16, BF16, __nv_bfloat16, F32, float)               \
     GDN__LAYER_CASE(LAUNCH, K, BF16, __nv_bfloat16, F16, __half, BF16, __nv_bfloat16)              \
     GDN__LAYER_CASE(LAUNCH, K, BF16, __nv_bfloat16, F16, __half, F32, float)
-/* The body of a dispatch function over `p`, `stream` and `run` (false: only check the case exists). */
-#define GDN__LAYER_DISPATCH(LAUNCH)                                                                \
+/* The body of a dispatch function over `p`, `stream` and `run` (false: only check the case exists),
+ * over the given cases (GDN__LAYER_CASES_K of each head size that runs). */
+#define GDN__LAYER_DISPATCH_CASES(CASES)                                                           \
     if ((unsigned)p->state_dtype > 3u || (unsigned)p->input_dtype > 3u || (unsigned)p->output_dtype > 3u) \
         return GDN_ENOTSUP;                                                                        \
     switch (GDN__LAYER_KEY(p->K, (int)p->state_dtype, (int)p->input_dtype, (int)p->output_dtype)) { \
-        GDN__LAYER_CASES_K(LAUNCH, 64)                                                             \
-        GDN__LAYER_CASES_K(LAUNCH, 128)                                                            \
-        GDN__LAYER_CASES_K(LAUNCH, 256)                                                            \
+        CASES                                                                                      \
     default: return GDN_ENOTSUP;                                                               \
     }
+#define GDN__LAYER_DISPATCH(LAUNCH)                                                                \
+    GDN__LAYER_DISPATCH_CASES(GDN__LAYER_CASES_K(LAUNCH, 64) GDN__LAYER_CASES_K(LAUNCH, 128)       \
+                                  GDN__LAYER_CASES_K(LAUNCH, 256))
+/* With the mixer: K = 128 only, both Qwen models (the host's gdn__cuda_mixer_runs says the same). */
+#define GDN__MIXER_DISPATCH(LAUNCH) GDN__LAYER_DISPATCH_CASES(GDN__LAYER_CASES_K(LAUNCH, 128))
 
 #endif /* GDN_CUDA_ROWS_CUH */
