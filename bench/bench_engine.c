@@ -22,9 +22,10 @@
  *
  *   gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--host-burst N]
  *                      [--verify auto|cache|fold|ring] [--ring-length L] [--mixer | --separate] [--bucket N]
- *                      [--json FILE]
+ *                      [--mixer-parts conv|norm] [--json FILE]
  * --mixer: every layer runs the whole mixer step (SPEC 6: conv W = 4 with its window, the recurrence,
- * the gated norm; random bf16 conv weights and bias, norm weights near 1).
+ * the gated norm; random bf16 conv weights and bias, norm weights near 1). --mixer-parts conv or norm
+ * keeps that part alone (with --mixer), to see what each costs.
  * --separate: the same work as separate kernels, the fused step's baseline (issue 15): the engine
  * runs the recurrence only, and its step graph (a capture callback, graphs captured lazily) holds per
  * layer a conv kernel (into q, k, v; a decode moves the window), the layer, and a gated-norm kernel
@@ -416,6 +417,7 @@ int gdn_bench_engine_main(int argc, char **argv)
     gdn_verify_strategy verify = GDN_VERIFY_AUTO; /* the library's default unless asked */
     int32_t ring_length = 0;                      /* 0: the library's default */
     int mixer = 0, separate = 0;
+    int mixer_conv = 1, mixer_norm = 1; /* --mixer-parts */
     int32_t only_bucket = 0; /* --bucket N: that bucket alone (for profilers) */
     int tp = 0;              /* --tp N: one engine per device, heads split N ways */
     for (int i = 1; i < argc; i++) {
@@ -432,6 +434,10 @@ int gdn_bench_engine_main(int argc, char **argv)
         else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
         else if (!strcmp(a, "--mixer")) mixer = 1;
         else if (!strcmp(a, "--separate")) separate = 1;
+        else if (!strcmp(a, "--mixer-parts") && v && (!strcmp(v, "conv") || !strcmp(v, "norm"))) {
+            mixer_conv = !strcmp(v, "conv"), mixer_norm = !mixer_conv;
+            i++;
+        }
         else if (!strcmp(a, "--bucket") && v) only_bucket = atoi(argv[++i]);
         else if (!strcmp(a, "--tp") && v) tp = atoi(argv[++i]);
         else if (!strcmp(a, "--max-batch") && v) max_batch = atoi(argv[++i]);
@@ -445,7 +451,7 @@ int gdn_bench_engine_main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] "
                             "[--host-burst 1..12] [--verify auto|cache|fold|ring] [--ring-length 4..32] [--mixer | --separate] [--bucket N] "
-                            "[--tp N] [--json FILE]\n");
+                            "[--mixer-parts conv|norm] [--tp N] [--json FILE]\n");
             return 2;
         }
     }
@@ -466,7 +472,8 @@ int gdn_bench_engine_main(int argc, char **argv)
     c.backend = GDN_BACKEND_CUDA;
     c.graph_mode = GDN_GRAPHS_AT_CREATE;
     c.graph_progress = progress;
-    if (mixer) c.mixer = (gdn_mixer_config){.conv_width = 4, .conv_weight_dtype = GDN_DTYPE_BF16, .use_norm = 1};
+    if (mixer)
+        c.mixer = (gdn_mixer_config){.conv_width = mixer_conv ? 4 : 0, .conv_weight_dtype = GDN_DTYPE_BF16, .use_norm = mixer_norm};
     static separate_run run;
     if (separate) {
         if (mixer || separate_setup(&run, &model, c.num_slots, max_batch * max_tokens)) return 1;
@@ -497,7 +504,9 @@ int gdn_bench_engine_main(int argc, char **argv)
         snprintf(ring_note, sizeof ring_note, " (ring length %d; GPU times: means over whole ring cycles)", ring_len);
     printf("engine: qwen3-next x %d layers%s, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify%s; created"
            " in %.0f ms (graphs included); host timed in bursts of %d steps\n", layers,
-           mixer      ? " (whole mixer step: conv W 4, gated norm)"
+           mixer      ? (!mixer_norm ? " (mixer step: conv W 4, no norm)"
+                         : !mixer_conv ? " (mixer step: gated norm, no conv)"
+                                       : " (whole mixer step: conv W 4, gated norm)")
            : separate ? " (recurrence + separate conv W 4 and gated-norm kernels; graph column only)"
                       : "",
            state == GDN_DTYPE_F32 ? "f32" : "bf16", max_batch, max_batch, max_tokens, rc->num_buckets, strategy, ring_note,
@@ -513,7 +522,9 @@ int gdn_bench_engine_main(int argc, char **argv)
         float *norm_w = malloc(sizeof(float) * (size_t)model.head_dim_v);
         for (size_t j = 0; j < C * 5; j++) w[j] = gdn__f32_to_bf16((float)(0.25 * ((double)((j * 2654435761u) % 1000) / 500.0 - 1.0)));
         for (int32_t j = 0; j < model.head_dim_v; j++) norm_w[j] = 1.0f + 0.001f * (float)j;
-        for (int32_t l = 0; l < layers; l++) CHECK_GDN(gdn_engine_set_mixer_params(e, l, w, w + 4 * C, norm_w));
+        for (int32_t l = 0; l < layers; l++)
+            CHECK_GDN(gdn_engine_set_mixer_params(e, l, mixer_conv ? w : NULL, mixer_conv ? w + 4 * C : NULL,
+                                                  mixer_norm ? norm_w : NULL));
         free(w), free(norm_w);
     }
     int32_t *slots = malloc(sizeof(int32_t) * (size_t)max_batch);

@@ -413,6 +413,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * 2026-11-29-h200-fold-verify-chain-forms.md; with fp32 state it measured slower, from register
      * allocation: 2026-11-27-h100-mixer-verify-conv.md). */
     constexpr bool FAST_SILU = sizeof(S) == 2;
+    /* The window's and x's moves in 16-byte pieces, except in the small decodes (gdn_cuda_mixer.cuh). */
+    constexpr bool WIDE_MOVES = !ONE_TOKEN || REGS == big_regs<S>();
     const int64_t token_elems = conv ? gdn__mixer_token_elems(p.mixer.conv_dim, HV) : gdn__token_elems(HK, HV, K, V);
     /* Slot r's stored token j into shared memory: its raw inputs with the conv, else k and v. */
     const auto stage_stored = [&](int j) {
@@ -635,11 +637,11 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 else if (j < folds) normalise_token<K, false>(p, s, j, 0, lane);
             }
             /* v channels of the CTA's rows: read by no other CTA, written now (the raw copy is complete) */
-            if (window_moves) write_window<I>(p, mc, raw, seq, window_length, w, 2 * K, mc.width);
+            if (window_moves) write_window<I, WIDE_MOVES>(p, mc, raw, seq, window_length, w, 2 * K, mc.width);
             if (!FOLD && p.cache && p.mixer.x_store) { /* a cache verify keeps x for the commit */
                 I *x_row = static_cast<I *>(p.mixer.x_store) + i * p.mixer.x_store_tokens * (int64_t)p.mixer.conv_dim;
-                store_own_x<I>(mc, raw, seq, T, x_row, p.mixer.conv_dim, 2 * K, mc.width);
-                if (h % (HV / HK) == 0 && tile == 0) store_own_x<I>(mc, raw, seq, T, x_row, p.mixer.conv_dim, 0, 2 * K);
+                store_own_x<I, WIDE_MOVES>(mc, raw, seq, T, x_row, p.mixer.conv_dim, 2 * K, mc.width);
+                if (h % (HV / HK) == 0 && tile == 0) store_own_x<I, WIDE_MOVES>(mc, raw, seq, T, x_row, p.mixer.conv_dim, 0, 2 * K);
             }
         } else {
             __syncwarp();
@@ -686,7 +688,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     if (kh_writes && threadIdx.x == 0) kh_last = arrive_last(mixer_counts + kh, (uint32_t)((HV / HK) * tiles_per_head));
 
     if (verifying() && conv) /* the same for the raw x of its v channels */
-        store_own_x<I>(mc, raw, seq, T, static_cast<I *>(p.token_store) + w * p.store_tokens * token_elems, token_elems,
+        store_own_x<I, WIDE_MOVES>(mc, raw, seq, T, static_cast<I *>(p.token_store) + w * p.store_tokens * token_elems, token_elems,
                        2 * K, mc.width);
     else if (verifying()) {
         /* Verify: this CTA's rows of v of the own tokens become slot w's stored v, from the prepared
@@ -871,9 +873,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         if (threadIdx.x == 0) kh_last_cta = kh_last;
         __syncthreads();
         if (kh_last_cta) { /* every CTA of kh's heads has read its window channels: q and k of kh move */
-            if (window_moves) write_window<I>(p, mc, raw, seq, window_length, w, 0, 2 * K);
+            if (window_moves) write_window<I, WIDE_MOVES>(p, mc, raw, seq, window_length, w, 0, 2 * K);
             if (verifying())
-                store_own_x<I>(mc, raw, seq, T, static_cast<I *>(p.token_store) + w * p.store_tokens * token_elems,
+                store_own_x<I, WIDE_MOVES>(mc, raw, seq, T, static_cast<I *>(p.token_store) + w * p.store_tokens * token_elems,
                                token_elems, 0, 2 * K);
         }
         if (local_norm && T > 0) {

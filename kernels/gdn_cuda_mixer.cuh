@@ -39,6 +39,12 @@ struct mixer_channels {
         v0 = 2 * (int64_t)p.HK * K + (int64_t)h * p.V + tile_row0;
     }
     __device__ __forceinline__ int64_t global(int c) const { return c < K ? q0 + c : c < 2 * K ? k0 + (c - K) : v0 + (c - 2 * K); }
+    /* Whether runs of `n` channels from a multiple of n stay inside one segment and start at a global
+     * channel that is a multiple of n (the vector moves below). */
+    __device__ __forceinline__ bool runs_of(int n) const
+    {
+        return K % n == 0 && rows % n == 0 && q0 % n == 0 && k0 % n == 0 && v0 % n == 0;
+    }
     static __host__ __device__ size_t bytes(int K, int rows, int conv_width, int capacity, size_t elem)
     {
         return (size_t)(conv_width - 1 + capacity) * (size_t)((2 * K + rows + 7) / 8 * 8) * elem;
@@ -78,7 +84,8 @@ struct mixer_smem {
 };
 
 /* Copies `bytes` (a multiple of 4, both ends 4-byte aligned) into shared memory with 4-byte cp.async,
- * the CTA's threads striding: part of the copy group that the kernel waits for before the tokens. */
+ * the CTA's threads striding: part of the copy group that the kernel waits for before the tokens.
+ * (16-byte pieces where alignment allows made the big verify instances spill.) */
 __device__ __forceinline__ void copy_words_async(void *dst, const void *src, int bytes)
 {
     for (int e = threadIdx.x; e < bytes / 4; e += blockDim.x)
@@ -309,14 +316,26 @@ __device__ __forceinline__ void normalise_token(const gdn__layer_params &p, shar
 }
 
 /* Slot w's window for local channels [c0, c1): the last W - 1 positions of the logical sequence of
- * `length` positions, from the raw copy (complete and synced). */
-template <typename I>
+ * `length` positions, from the raw copy (complete and synced). WIDE: 16-byte moves where the window's
+ * rows allow them (the small decodes keep element moves: measured faster there). */
+template <typename I, bool WIDE = true>
 __device__ __forceinline__ void write_window(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                              const mixer_sequence &seq, int length, int64_t w, int c0, int c1)
 {
     const gdn__mixer_params &m = p.mixer;
     I *win = static_cast<I *>(m.conv_state) + w * m.conv_slot_stride;
     const int span = c1 - c0, n = seq.window_rows * span;
+    constexpr int VW = 16 / (int)sizeof(I);
+    if (WIDE && m.conv_channel_stride == 1 && m.conv_token_stride % VW == 0 && gdn__aligned(win, 16) && mc.runs_of(VW)) {
+        const int runs = span / VW; /* (span: 2 K or the CTA's rows) */
+#pragma unroll 1
+        for (int e = threadIdx.x; e < seq.window_rows * runs; e += blockDim.x) {
+            const int j = e / runs, c = c0 + (e - j * runs) * VW;
+            *reinterpret_cast<uint4 *>(win + j * m.conv_token_stride + mc.global(c)) =
+                *reinterpret_cast<const uint4 *>(raw + seq.physical(length - seq.window_rows + j) * mc.pitch + c);
+        }
+        return;
+    }
     for (int e = threadIdx.x; e < n; e += blockDim.x) {
         const int j = e / span, c = c0 + (e - j * span);
         win[j * m.conv_token_stride + mc.global(c) * m.conv_channel_stride] =
@@ -325,12 +344,24 @@ __device__ __forceinline__ void write_window(const gdn__layer_params &p, const m
 }
 
 /* Own tokens' raw x of local channels [c0, c1) to dst (token t at dst + t * token_elems, channel ch
- * at + ch): the fold's stored tokens of slot w, or the cache strategy's x store of the row. */
-template <typename I>
+ * at + ch): the fold's stored tokens of slot w, or the cache strategy's x store of the row. WIDE:
+ * 16-byte moves where the destination allows them (as write_window). */
+template <typename I, bool WIDE = true>
 __device__ __forceinline__ void store_own_x(const mixer_channels &mc, const I *raw, const mixer_sequence &seq, int T,
                                             I *dst, int64_t token_elems, int c0, int c1)
 {
     const int span = c1 - c0, n = T * span;
+    constexpr int VW = 16 / (int)sizeof(I);
+    if (WIDE && token_elems % VW == 0 && gdn__aligned(dst, 16) && mc.runs_of(VW)) {
+        const int runs = span / VW; /* (span: 2 K or the CTA's rows) */
+#pragma unroll 1
+        for (int e = threadIdx.x; e < T * runs; e += blockDim.x) {
+            const int t = e / runs, c = c0 + (e - t * runs) * VW;
+            *reinterpret_cast<uint4 *>(dst + t * token_elems + mc.global(c)) =
+                *reinterpret_cast<const uint4 *>(raw + (seq.window_rows + seq.own0 + t) * mc.pitch + c);
+        }
+        return;
+    }
     for (int e = threadIdx.x; e < n; e += blockDim.x) {
         const int t = e / span, c = c0 + (e - t * span);
         dst[t * token_elems + mc.global(c)] = raw[(seq.window_rows + seq.own0 + t) * mc.pitch + c];
