@@ -301,6 +301,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     /* Its bf16 form: the lane plan, the vector v store and the staging of the folded tokens only
      * (bench/results/2026-11-27-h100-tree-path-rounds.md; the other instances measured slower so). */
     constexpr bool BIG_BF16 = BIG_TREE && sizeof(S) == 2;
+    /* The folded tokens alone, staged once the state's loads are out: BIG_BF16 and the big bf16 mixer
+     * fold verify. */
+    constexpr bool STAGE_PENDING = BIG_BF16 || (MIXER && FOLD && !ONE_TOKEN && REGS == big_regs<S>() && sizeof(S) == 2);
     extern __shared__ __align__(16) float smem[];
 
     const int lane = threadIdx.x & 31;
@@ -413,8 +416,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * 2026-11-29-h200-fold-verify-chain-forms.md; with fp32 state it measured slower, from register
      * allocation: 2026-11-27-h100-mixer-verify-conv.md). */
     constexpr bool FAST_SILU = sizeof(S) == 2;
-    /* The window's and x's moves in 16-byte pieces, except in the small decodes (gdn_cuda_mixer.cuh). */
-    constexpr bool WIDE_MOVES = !ONE_TOKEN || REGS == big_regs<S>();
+    /* The window's and x's moves in 16-byte pieces in the fold verifies and the big decodes; the small
+     * decodes and the cache verifies measured slower so (gdn_cuda_mixer.cuh). */
+    constexpr bool WIDE_MOVES = ONE_TOKEN ? REGS == big_regs<S>() : FOLD;
     const int64_t token_elems = conv ? gdn__mixer_token_elems(p.mixer.conv_dim, HV) : gdn__token_elems(HK, HV, K, V);
     /* Slot r's stored token j into shared memory: its raw inputs with the conv, else k and v. */
     const auto stage_stored = [&](int j) {
@@ -433,7 +437,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             if (window_async) stage_window_async<I>(p, mc, raw, r);
             if (norm) copy_words_async(norm_w_sh, p.mixer.norm_weight, V * 4);
         }
-        for (int j = warp; j < (BIG_BF16 ? 0 : own0); j += warps) stage_stored(j);
+        for (int j = warp; j < (STAGE_PENDING ? 0 : own0); j += warps) stage_stored(j);
     }
 
     /* Load every owned state row of the first set before the first use: RT * NV independent 16-byte
@@ -465,7 +469,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     static_assert(!INPUTS_WITH_STATE || !STATE_BEFORE_WAIT, "its inputs are read after the wait");
     typename token_values<Geo>::template raw_inputs<I> state_inputs;
     if constexpr (INPUTS_WITH_STATE) token_values<Geo>::template read_direct<K, I>(p, i, 0, kh, h, row0, glane, state_inputs);
-    if constexpr (BIG_BF16) { /* the stored tokens that the folds use (above) */
+    if constexpr (STAGE_PENDING) { /* the stored tokens that the folds use (above) */
         const int pending_tokens = max(0, min(p.pending[r], own0));
         for (int j = warp; j < pending_tokens; j += warps) stage_stored(j);
     }

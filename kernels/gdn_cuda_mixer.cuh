@@ -317,7 +317,7 @@ __device__ __forceinline__ void normalise_token(const gdn__layer_params &p, shar
 
 /* Slot w's window for local channels [c0, c1): the last W - 1 positions of the logical sequence of
  * `length` positions, from the raw copy (complete and synced). WIDE: 16-byte moves where the window's
- * rows allow them (the small decodes keep element moves: measured faster there). */
+ * rows allow them (the layer kernel's WIDE_MOVES says where they measured faster). */
 template <typename I, bool WIDE = true>
 __device__ __forceinline__ void write_window(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                              const mixer_sequence &seq, int length, int64_t w, int c0, int c1)
