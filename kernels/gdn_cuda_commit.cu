@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(GDN__COMMIT_THREADS) commit_kernel(const gdn__
     }
     int32_t path[GDN_MAX_TOKENS];
     int flag = 0;
-    const int32_t n = gdn__commit_path_of(&p, row.count, row.accepted, p.parents ? p.parents + i * p.T : nullptr, path, &flag);
+    const int32_t n = gdn__commit_path_of(&p, row.count, row.accepted, gdn__commit_row_parents(&p, i), path, &flag);
     if (flag && p.error_flag && blockIdx.x == 0 && l == 0 && threadIdx.x == 0) *p.error_flag = 1;
     if (n <= 0) return;
     const int32_t node = p.parents ? path[n - 1] : n - 1;
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(GDN__WINDOW_THREADS) commit_windows_kernel(con
     if (gdn__row_slots_invalid(r, w, p.num_slots)) return; /* flagged by the state's commit */
     int flag = 0; /* raised by the state's commit */
     int32_t path[GDN_MAX_TOKENS];
-    const int32_t n = gdn__commit_path_of(&p, row.count, row.accepted, p.parents ? p.parents + i * p.T : nullptr, path, &flag);
+    const int32_t n = gdn__commit_path_of(&p, row.count, row.accepted, gdn__commit_row_parents(&p, i), path, &flag);
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (n <= 0 || c >= p.conv_dim) return;
     const int rows = p.conv_width - 1;

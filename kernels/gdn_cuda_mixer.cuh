@@ -318,7 +318,7 @@ __device__ __forceinline__ void normalise_token(const gdn__layer_params &p, shar
 /* Slot w's window for local channels [c0, c1): the last W - 1 positions of the logical sequence of
  * `length` positions, from the raw copy (complete and synced). WIDE: 16-byte moves where the window's
  * rows allow them (the layer kernel's WIDE_MOVES says where they measured faster). */
-template <typename I, bool WIDE = true>
+template <typename I, bool WIDE>
 __device__ __forceinline__ void write_window(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                              const mixer_sequence &seq, int length, int64_t w, int c0, int c1)
 {
@@ -346,7 +346,7 @@ __device__ __forceinline__ void write_window(const gdn__layer_params &p, const m
 /* Own tokens' raw x of local channels [c0, c1) to dst (token t at dst + t * token_elems, channel ch
  * at + ch): the fold's stored tokens of slot w, or the cache strategy's x store of the row. WIDE:
  * 16-byte moves where the destination allows them (as write_window). */
-template <typename I, bool WIDE = true>
+template <typename I, bool WIDE>
 __device__ __forceinline__ void store_own_x(const mixer_channels &mc, const I *raw, const mixer_sequence &seq, int T,
                                             I *dst, int64_t token_elems, int c0, int c1)
 {

@@ -142,6 +142,9 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
 {
     using Geo = layer_geometry<K, S, REGS, true>;
     constexpr int EV = Geo::EV, L = Geo::L, NV = Geo::NV, G = Geo::G, RT = Geo::RT;
+    /* The mixer's 16-byte window and x moves (write_window, store_own_x): element moves in the
+     * verifies of small grids, where the wide ones measured slower. */
+    constexpr bool WIDE_MOVES = ONE_TOKEN || REGS == big_regs<S>();
     static_assert(sizeof(I) == 2, "2-byte inputs");
     extern __shared__ __align__(16) float smem[];
 
@@ -190,7 +193,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     /* The mixer's part past the ring's: the raw sequence [window (W - 1 rows); records 0..h-1;
      * (unused up to C); own tokens (rows C..)], the conv weights, z and the norm weight. */
     const int window_rows = conv ? p.mixer.conv_width - 1 : 0;
-    const mixer_channels mc(p, head / (HV / HK), head, tile_row0, span_rows);
+    const int kh = head / (HV / HK);
+    const mixer_channels mc(p, kh, head, tile_row0, span_rows);
     const mixer_smem parts(K, span_rows, conv ? p.mixer.conv_width : 0, C + T, T, V, sizeof(I),
                            p.mixer.conv_weight_dtype == GDN_DTYPE_F32 ? 4 : 2, norm);
     char *const mixer_base = reinterpret_cast<char *>(smem) + ring_shared::bytes(K, C, T, span_rows, !conv);
@@ -206,7 +210,6 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
 
     /* The step's own k and q (raw rows C.. and C + T..; records take rows 0..h-1), or with the conv
      * its x, and gate inputs do not depend on the ring: in flight before its count is read. */
-    const int kh = head / (HV / HK);
     constexpr int CHUNKS = K * 2 / 16; /* 16-byte pieces of a raw k or q row */
     if (conv) {
         for (int t = warp; t < T; t += warps)
@@ -324,7 +327,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     /* With the conv, slot w's window after the flushed entries: the last W - 1 of [window of r;
      * records; the decode's token] up to them, from the raw copy (complete since the conv pass). */
     const int window_length = window_rows + flushed;
-    if (conv && flush) write_window<I>(p, mc, raw, row_seq, window_length, w, 2 * K, mc.width);
+    if (conv && flush) write_window<I, WIDE_MOVES>(p, mc, raw, row_seq, window_length, w, 2 * K, mc.width);
     if (flush) {
         const float last = flushed > 0 ? s.logd[flushed - 1] : 0.0f;
         for (int m = threadIdx.x; m <= flushed; m += blockDim.x)
@@ -487,8 +490,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     if (keep && !overwrites_read_records && conv) {
         I *const x_records = reinterpret_cast<I *>(ring_w + base * record_bytes);
         const int64_t record_elems = record_bytes / (int64_t)sizeof(I);
-        store_own_x<I>(mc, raw, row_seq, T, x_records, record_elems, 2 * K, mc.width);
-        if (first_tile == 0 && head % (HV / HK) == 0) store_own_x<I>(mc, raw, row_seq, T, x_records, record_elems, 0, 2 * K);
+        store_own_x<I, WIDE_MOVES>(mc, raw, row_seq, T, x_records, record_elems, 2 * K, mc.width);
+        if (first_tile == 0 && head % (HV / HK) == 0) store_own_x<I, WIDE_MOVES>(mc, raw, row_seq, T, x_records, record_elems, 0, 2 * K);
     }
     if (keep && !overwrites_read_records && first_tile == 0) {
         constexpr int CHUNKS = K * 2 / 16;
@@ -529,7 +532,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     __shared__ int last_cta, kh_last_cta;
     if (threadIdx.x == 0) last_cta = arrival + passes == (unsigned)(HV * tiles_per_head), kh_last_cta = kh_last;
     __syncthreads();
-    if (kh_last_cta) write_window<I>(p, mc, raw, row_seq, window_length, w, 0, 2 * K);
+    if (kh_last_cta) write_window<I, WIDE_MOVES>(p, mc, raw, row_seq, window_length, w, 0, 2 * K);
     if (!last_cta) return;
     if (overwrites_read_records) {
         if (conv) {

@@ -460,11 +460,17 @@ static inline GDN__HOST_DEVICE int32_t gdn__commit_path_of(const gdn__commit_par
     return n;
 }
 
+/* Commit row i's parents (NULL for chains). */
+static inline GDN__HOST_DEVICE const int32_t *gdn__commit_row_parents(const gdn__commit_params *p, int64_t i)
+{
+    return p->parents ? p->parents + i * p->T : NULL;
+}
+
 /* The same for commit row i, read from p's arrays. */
 static inline GDN__HOST_DEVICE int32_t gdn__commit_path(const gdn__commit_params *p, int64_t i, int32_t *path, int *flag)
 {
-    return gdn__commit_path_of(p, p->token_counts ? p->token_counts[i] : p->T, p->accepted[i],
-                               p->parents ? p->parents + i * p->T : NULL, path, flag);
+    return gdn__commit_path_of(p, p->token_counts ? p->token_counts[i] : p->T, p->accepted[i], gdn__commit_row_parents(p, i),
+                               path, flag);
 }
 
 /* Device-side slot operations (one launch for all layers): first, when set_at != NULL,

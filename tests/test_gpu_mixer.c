@@ -4,7 +4,8 @@
  * float64 reference, itself held to the oracle by test_op_mixer.c), over identical initial states and
  * windows, with x, z, a and b strided column slices of one fused input tensor, a padded output, a
  * padded pool and a dense or vLLM-layout conv pool; padding rows, rows that write another slot, every
- * accepted count, a slot copy and a slot reset on the way.
+ * accepted count, a slot copy and a slot reset on the way. Most runs take 1-6 rows; the big_grids runs
+ * take 16-32 rows of 32 value heads, where the kernels switch to their big instances.
  *
  * After every step: each live output within SPEC 4 of the CPU's (bf16 outputs: one bf16 ulp beside it,
  * both sides being rounded), padding rows' outputs exactly 0 and
@@ -24,7 +25,8 @@
 #include "kernels/ref/gdn_spec.h"
 #include "support.h"
 
-enum { NUM_SLOTS = 9, SPARE_SLOT = 8, MAX_ROWS = 6, MAX_T = 4, POOL_GAP = 32, CONV_GAP = 8, K_DIM = 128 };
+/* ROWS_CAP: the most rows a configuration may ask for (max_rows); DEFAULT_ROWS: the small suites'. */
+enum { ROWS_CAP = 32, DEFAULT_ROWS = 6, SLOTS_CAP = ROWS_CAP + 3, MAX_T = 4, POOL_GAP = 32, CONV_GAP = 8, K_DIM = 128 };
 
 typedef struct gm_cfg {
     int32_t HK, HV;                /* K = V = 128 */
@@ -35,6 +37,7 @@ typedef struct gm_cfg {
     int counts;                    /* verify steps give each row its own token count (SPEC 3) */
     int trees;                     /* verify steps are token trees, committed by accepted node */
     int32_t ring_length;           /* the ring strategy's L (0: the default) */
+    int32_t min_rows, max_rows;    /* a step's rows: min_rows..max_rows (0: 1..DEFAULT_ROWS) */
     int32_t steps;
     uint64_t seed;
 } gm_cfg;
@@ -42,6 +45,7 @@ typedef struct gm_cfg {
 /* Shapes and host-side layouts shared by both sides. */
 typedef struct gm_shape {
     int32_t HK, HV, K, V, C;
+    int32_t min_rows, max_rows, num_slots, spare_slot; /* the step's rows never use spare_slot (num_slots - 1) */
     int64_t in_token, in_row, out_head, out_token, out_row;
     size_t in_bytes, out_bytes, pool_bytes, conv_bytes, weight_bytes, out_size, pool_size;
 } gm_shape;
@@ -76,18 +80,22 @@ static void get(gm_side *s, void *dst, const void *src, size_t bytes)
 static gm_shape shape_of(const gm_cfg *c)
 {
     gm_shape g = {.HK = c->HK, .HV = c->HV, .K = K_DIM, .V = K_DIM};
+    g.min_rows = c->min_rows ? c->min_rows : 1;
+    g.max_rows = c->max_rows ? c->max_rows : DEFAULT_ROWS;
+    cr_assert(g.min_rows <= g.max_rows && g.max_rows <= ROWS_CAP, "a test asks for %d..%d rows", g.min_rows, g.max_rows);
+    g.spare_slot = g.max_rows + 2, g.num_slots = g.spare_slot + 1;
     g.C = 2 * g.HK * g.K + g.HV * g.V;
     /* per token: x [C] | z [HV V] | (a, b) [2 HV] | pad, a multiple of 8 elements (x's 16-byte rows) */
     const int64_t used = g.C + (int64_t)g.HV * g.V + 2 * g.HV;
     g.in_token = (used + 8) / 8 * 8 + 8;
     g.in_row = MAX_T * g.in_token + 8;
-    g.in_bytes = (size_t)(MAX_ROWS * g.in_row) * 2;
+    g.in_bytes = (size_t)(g.max_rows * g.in_row) * 2;
     g.out_size = gdn_dtype_size(c->out_dtype);
     g.out_head = g.V + 4, g.out_token = g.HV * g.out_head + 8, g.out_row = MAX_T * g.out_token + 8;
-    g.out_bytes = (size_t)(MAX_ROWS * g.out_row) * g.out_size;
+    g.out_bytes = (size_t)(g.max_rows * g.out_row) * g.out_size;
     g.pool_size = gdn_dtype_size(c->pool_dtype);
-    g.pool_bytes = (size_t)(NUM_SLOTS * ((int64_t)g.HV * g.V * g.K + POOL_GAP)) * g.pool_size;
-    g.conv_bytes = c->W ? (size_t)(NUM_SLOTS * ((int64_t)(c->W - 1) * g.C + CONV_GAP)) * 2 : 2;
+    g.pool_bytes = (size_t)(g.num_slots * ((int64_t)g.HV * g.V * g.K + POOL_GAP)) * g.pool_size;
+    g.conv_bytes = c->W ? (size_t)(g.num_slots * ((int64_t)(c->W - 1) * g.C + CONV_GAP)) * 2 : 2;
     g.weight_bytes = (size_t)g.C * (c->W ? c->W : 1) * gdn_dtype_size(c->weight_dtype);
     return g;
 }
@@ -101,11 +109,11 @@ static void side_create(gm_side *s, gdn_backend_kind kind, const gm_cfg *c, cons
     s->out = side_alloc(s, g->out_bytes);
     s->pool = side_alloc(s, g->pool_bytes);
     s->conv = side_alloc(s, g->conv_bytes);
-    s->slots = side_alloc(s, MAX_ROWS * sizeof(int32_t));
-    s->writes = side_alloc(s, MAX_ROWS * sizeof(int32_t));
-    s->accepted = side_alloc(s, MAX_ROWS * sizeof(int32_t));
-    s->counts = side_alloc(s, MAX_ROWS * sizeof(int32_t));
-    s->parents = side_alloc(s, MAX_ROWS * MAX_T * sizeof(int32_t));
+    s->slots = side_alloc(s, (size_t)g->max_rows * sizeof(int32_t));
+    s->writes = side_alloc(s, (size_t)g->max_rows * sizeof(int32_t));
+    s->accepted = side_alloc(s, (size_t)g->max_rows * sizeof(int32_t));
+    s->counts = side_alloc(s, (size_t)g->max_rows * sizeof(int32_t));
+    s->parents = side_alloc(s, (size_t)g->max_rows * MAX_T * sizeof(int32_t));
     s->params = side_alloc(s, 2 * (size_t)g->HV * sizeof(float));
     s->weights = side_alloc(s, g->weight_bytes);
     s->bias = side_alloc(s, (size_t)g->C * gdn_dtype_size(c->weight_dtype));
@@ -129,10 +137,10 @@ static void side_create(gm_side *s, gdn_backend_kind kind, const gm_cfg *c, cons
         .mixer = &s->mixer,
         .A_log = s->params,
         .dt_bias = (const float *)s->params + g->HV,
-        .pool = {s->pool, c->pool_dtype, NUM_SLOTS, (int64_t)g->HV * g->V * g->K + POOL_GAP},
+        .pool = {s->pool, c->pool_dtype, g->num_slots, (int64_t)g->HV * g->V * g->K + POOL_GAP},
         .read_slots = s->slots,
         .strategy = c->strategy,
-        .max_batch = MAX_ROWS,
+        .max_batch = g->max_rows,
         .max_tokens = MAX_T,
         .ring_length = c->ring_length,
     };
@@ -266,7 +274,7 @@ static void assert_others_untouched(gm_run *run, const int32_t *rows, const int3
     gm_side *gpu = &run->side[1];
     get(gpu, run->pool_after, gpu->pool, run->g.pool_bytes);
     get(gpu, run->conv_after, gpu->conv, run->g.conv_bytes);
-    for (int32_t s = 0; s < NUM_SLOTS; s++) {
+    for (int32_t s = 0; s < run->g.num_slots; s++) {
         int in_step = 0;
         for (int32_t i = 0; i < B; i++) in_step |= rows[i] == s || writes[i] == s;
         if (in_step) continue;
@@ -284,17 +292,18 @@ static void run_step(gm_run *run, int step)
     gm_side *sides = run->side;
     const int verify = test_rng_below(&run->rng, 2);
     const int32_t T = verify ? 2 + test_rng_below(&run->rng, MAX_T - 1) : 1;
-    const int32_t B = 1 + test_rng_below(&run->rng, MAX_ROWS);
-    /* distinct slots from 0..SPARE_SLOT-1; a row may write another unused slot; one may be padding */
-    int32_t perm[SPARE_SLOT], rows[MAX_ROWS], writes[MAX_ROWS], accepted[MAX_ROWS], counts[MAX_ROWS], parents[MAX_ROWS * MAX_T];
-    for (int32_t s = 0; s < SPARE_SLOT; s++) perm[s] = s;
-    for (int32_t s = SPARE_SLOT - 1; s > 0; s--) {
+    const int32_t B = g->min_rows + test_rng_below(&run->rng, g->max_rows - g->min_rows + 1);
+    /* distinct slots from 0..spare_slot-1; a row may write another unused slot; one may be padding */
+    const int32_t spare = g->spare_slot;
+    int32_t perm[SLOTS_CAP], rows[ROWS_CAP], writes[ROWS_CAP], accepted[ROWS_CAP], counts[ROWS_CAP], parents[ROWS_CAP * MAX_T];
+    for (int32_t s = 0; s < spare; s++) perm[s] = s;
+    for (int32_t s = spare - 1; s > 0; s--) {
         const int32_t j = test_rng_below(&run->rng, s + 1), t = perm[s];
         perm[s] = perm[j], perm[j] = t;
     }
     int32_t next = 0;
     for (int32_t i = 0; i < B; i++) rows[i] = perm[next++];
-    for (int32_t i = 0; i < B; i++) writes[i] = next < SPARE_SLOT && test_rng_below(&run->rng, 4) == 0 ? perm[next++] : rows[i];
+    for (int32_t i = 0; i < B; i++) writes[i] = next < spare && test_rng_below(&run->rng, 4) == 0 ? perm[next++] : rows[i];
     if (B > 1 && test_rng_below(&run->rng, 3) == 0) rows[test_rng_below(&run->rng, B)] = -1;
     /* with counts: row 0 has n = 1 (a decode row inside the verify), the others 1..T */
     const int with_counts = verify && c->counts;
@@ -371,21 +380,21 @@ static void assert_slots_match(gm_run *run, const char *when)
 {
     const gm_shape *g = &run->g;
     gm_side *sides = run->side;
-    int32_t all[NUM_SLOTS];
-    for (int32_t s = 0; s < NUM_SLOTS; s++) all[s] = s;
+    int32_t all[SLOTS_CAP];
+    for (int32_t s = 0; s < g->num_slots; s++) all[s] = s;
     for (int n = 0; n < 2; n++) {
         if (run->cfg.strategy == GDN_VERIFY_CACHE) continue;
-        put(&sides[n], sides[n].slots, all, MAX_ROWS * sizeof(int32_t));
-        gdn_status status = gdn_op_flush(&sides[n].op, sides[n].slots, MAX_ROWS, NULL);
-        cr_assert_eq(status, GDN_OK, "%s: flush (%s): %s", when, n ? "cuda" : "cpu", gdn_status_name(status));
-        put(&sides[n], sides[n].slots, all + MAX_ROWS, (NUM_SLOTS - MAX_ROWS) * sizeof(int32_t));
-        status = gdn_op_flush(&sides[n].op, sides[n].slots, NUM_SLOTS - MAX_ROWS, NULL);
-        cr_assert_eq(status, GDN_OK, "%s: flush (%s): %s", when, n ? "cuda" : "cpu", gdn_status_name(status));
+        for (int32_t first = 0; first < g->num_slots; first += g->max_rows) { /* max_rows slots a flush */
+            const int32_t count = g->num_slots - first < g->max_rows ? g->num_slots - first : g->max_rows;
+            put(&sides[n], sides[n].slots, all + first, (size_t)count * sizeof(int32_t));
+            const gdn_status status = gdn_op_flush(&sides[n].op, sides[n].slots, count, NULL);
+            cr_assert_eq(status, GDN_OK, "%s: flush (%s): %s", when, n ? "cuda" : "cpu", gdn_status_name(status));
+        }
     }
     get(&sides[0], run->pool_before, sides[0].pool, g->pool_bytes);
     get(&sides[1], run->pool_after, sides[1].pool, g->pool_bytes);
     const int64_t slot = sides[0].op.pool.slot_stride, elems = (int64_t)g->HV * g->V * g->K;
-    for (int32_t s = 0; s < NUM_SLOTS; s++)
+    for (int32_t s = 0; s < g->num_slots; s++)
         for (int64_t e = 0; e < elems; e++) {
             const double want = value_at(run->pool_before, run->cfg.pool_dtype, s * slot + e);
             const double got = value_at(run->pool_after, run->cfg.pool_dtype, s * slot + e);
@@ -673,3 +682,26 @@ GPU_MIXER_TEST(token_trees_ring, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_RING, 
 GPU_MIXER_TEST(token_trees_qwen3_next_heads_ring_bf16_width_3, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_RING,
                .pool_dtype = GDN_DTYPE_BF16, .weight_dtype = GDN_DTYPE_F32, .out_dtype = GDN_DTYPE_BF16, .W = 3, .norm = 1,
                .trees = 1, .ring_length = 4, .steps = 8, .seed = 29)
+/* 16-32 rows of 32 value heads: the grids on which the fused kernels take their big instances (64
+ * bf16 or 32 fp32 state values a thread), which the suites above, at most 6 rows, never reach. */
+GPU_MIXER_TEST(big_grids_fold_bf16, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_FOLD, .pool_dtype = GDN_DTYPE_BF16,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .bias = 1, .min_rows = 16,
+               .max_rows = 32, .steps = 6, .seed = 31)
+GPU_MIXER_TEST(big_grids_fold_f32_vllm_window_counts, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_FOLD,
+               .pool_dtype = GDN_DTYPE_F32, .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_F32, .W = 4, .norm = 1,
+               .vllm_layout = 1, .counts = 1, .min_rows = 16, .max_rows = 32, .steps = 6, .seed = 32)
+GPU_MIXER_TEST(big_grids_fold_bf16_trees, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_FOLD, .pool_dtype = GDN_DTYPE_BF16,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .counts = 1, .trees = 1,
+               .min_rows = 16, .max_rows = 32, .steps = 6, .seed = 33)
+GPU_MIXER_TEST(big_grids_cache_bf16, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_CACHE, .pool_dtype = GDN_DTYPE_BF16,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .bias = 1, .min_rows = 16,
+               .max_rows = 32, .steps = 6, .seed = 34)
+GPU_MIXER_TEST(big_grids_cache_f32_width_3, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_CACHE, .pool_dtype = GDN_DTYPE_F32,
+               .weight_dtype = GDN_DTYPE_F32, .out_dtype = GDN_DTYPE_BF16, .W = 3, .norm = 1, .min_rows = 16, .max_rows = 32,
+               .steps = 6, .seed = 35)
+GPU_MIXER_TEST(big_grids_ring_bf16, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_RING, .pool_dtype = GDN_DTYPE_BF16,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .bias = 1, .ring_length = 4,
+               .min_rows = 16, .max_rows = 32, .steps = 6, .seed = 36)
+GPU_MIXER_TEST(big_grids_ring_f32_vllm_window, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_RING, .pool_dtype = GDN_DTYPE_F32,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_F32, .W = 4, .norm = 1, .vllm_layout = 1,
+               .ring_length = 4, .min_rows = 16, .max_rows = 32, .steps = 6, .seed = 37)
