@@ -412,10 +412,13 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * sequential row sets); otherwise the head's last CTA does, from fp32 scratch. */
     const bool local_norm = norm && tiles_per_head == 1;
     const bool window_async = conv && window_rows_contiguous(p.mixer);
-    /* A chain verify's conv with bf16 state takes the approximate SiLU (bench/results/
-     * 2026-11-29-h200-fold-verify-chain-forms.md; with fp32 state it measured slower, from register
-     * allocation: 2026-11-27-h100-mixer-verify-conv.md). */
+    /* The conv with bf16 state takes the approximate SiLU in chain verifies (bench/results/
+     * 2026-11-29-h200-fold-verify-chain-forms.md) and decodes (2026-11-29-h200-ring-moves-fast-silu.md).
+     * The verify instances' gathered pass (trees) keeps the precise one: with the approximate one
+     * their chain verifies, which compile it too, ran up to 6% slower (register allocation). With
+     * fp32 state it measured slower, also from register allocation (2026-11-27-h100-mixer-verify-conv.md). */
     constexpr bool FAST_SILU = sizeof(S) == 2;
+    constexpr bool FAST_SILU_GATHERED = FAST_SILU && ONE_TOKEN;
     /* The window's and x's moves in 16-byte pieces in the fold verifies and the big decodes; the small
      * decodes and the cache verifies measured slower so (gdn_cuda_mixer.cuh). */
     constexpr bool WIDE_MOVES = ONE_TOKEN ? REGS == big_regs<S>() : FOLD;
@@ -633,8 +636,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             if (!ONE_TOKEN && !p.parents)
                 conv_pass_sliding<I, true, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s);
             else
-                conv_pass_gathered<I>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s,
-                                      p.parents ? p.parents + i * T : nullptr);
+                conv_pass_gathered<I, true, FAST_SILU_GATHERED>(p, mc, raw, mixer_base + parts.weights,
+                                                                 mixer_base + parts.bias, seq, T, s,
+                                                                 p.parents ? p.parents + i * T : nullptr);
             __syncthreads();
             for (int j = warp; j < tokens; j += warps) {
                 if (j >= own0) normalise_token<K, true>(p, s, j, j - own0, lane);

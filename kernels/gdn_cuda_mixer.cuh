@@ -202,8 +202,9 @@ template <bool FAST = false> __device__ __forceinline__ float silu(float x)
  * (the decode's one position a channel; trees); a chain verify slides them (conv_pass_sliding). The
  * caller syncs. STORED_V false (the ring: its records keep their corrections): no v of the stored
  * tokens, and the own tokens' k and v rows start at ring_own_row0, not at seq.own0 (their place in
- * the raw copy), so that s.v's rows before ring_own_row0 may be another buffer's. */
-template <typename I, bool STORED_V = true>
+ * the raw copy), so that s.v's rows before ring_own_row0 may be another buffer's. FAST_SILU: silu's
+ * approximate form. */
+template <typename I, bool STORED_V = true, bool FAST_SILU = false>
 __device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                                    const char *weights_sh, const char *bias_sh,
                                                    const mixer_sequence &seq, int T, shared_tokens &s,
@@ -238,7 +239,7 @@ __device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, c
             for (int j = 0; j < GDN__MAX_CONV_WIDTH; j++)
                 if (j < W)
                     acc = fmaf(w[j], gdn__to_f32(raw[seq.physical(at[GDN__MAX_CONV_WIDTH - W + j]) * mc.pitch + c]), acc);
-            return silu(acc);
+            return silu<FAST_SILU>(acc);
         };
         for (int j = c < K || (!STORED_V && c >= 2 * K) ? seq.folds : 0; j < seq.folds; j++) { /* folded tokens: k and v */
             const float y = conv_at(seq.window_rows + j);

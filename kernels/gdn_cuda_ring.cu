@@ -145,6 +145,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     /* The mixer's 16-byte window and x moves (write_window, store_own_x): element moves in the
      * verifies of small grids, where the wide ones measured slower. */
     constexpr bool WIDE_MOVES = ONE_TOKEN || REGS == big_regs<S>();
+    /* The conv's approximate SiLU with bf16 state (as the layer kernel's). */
+    constexpr bool FAST_SILU = sizeof(S) == 2;
     static_assert(sizeof(I) == 2, "2-byte inputs");
     extern __shared__ __align__(16) float smem[];
 
@@ -289,9 +291,9 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     if (conv) { /* own tokens' k at khat row h + t; the records' v are not needed (their u is): v's rows before h are never written */
         shared_tokens rows(s.khat, s.qhat, s.vown - (size_t)h * span_rows);
         if (!ONE_TOKEN && !p.parents)
-            conv_pass_sliding<I, false>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq, T, rows, h);
+            conv_pass_sliding<I, false, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq, T, rows, h);
         else
-            conv_pass_gathered<I, false>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq, T, rows,
+            conv_pass_gathered<I, false, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq, T, rows,
                                          p.parents ? p.parents + i * T : nullptr, h);
         __syncthreads();
     }
