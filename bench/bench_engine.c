@@ -455,6 +455,10 @@ int gdn_bench_engine_main(int argc, char **argv)
             return 2;
         }
     }
+    if ((!mixer_conv || !mixer_norm) && !mixer) { /* a part of a mixer that is not there */
+        fprintf(stderr, "gdn-bench --engine: --mixer-parts needs --mixer\n");
+        return 2;
+    }
     int32_t max_tokens = 1;
     for (int i = 0; i < n_tokens; i++)
         if (tokens[i] > max_tokens) max_tokens = tokens[i];
