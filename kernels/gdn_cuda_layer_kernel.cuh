@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int row0 = tile_row0 + local_row0;
 
     /* The kept-keys verify compiles the same branch, never taken (the launcher sets neither field for
-     * it): with it its T = 3 and T = 4 steps measured 1.5-2.5% faster on the H100 (bench/results/
+     * it): with it its T = 3 and T = 4 steps measured faster on the H100 (bench/results/
      * 2026-11-27-h100-fetch-and-mixer-first.md), a code-generation effect not understood. */
     if constexpr (small_decode<S, REGS, ONE_TOKEN>() || KEEP_KEYS) { /* (the launcher sets neither for the others) */
         if (p.rows_from_preceding) gdn__wait_preceding();
@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     /* The conv with bf16 state takes the approximate SiLU in chain verifies (bench/results/
      * 2026-11-29-h200-fold-verify-chain-forms.md) and decodes (2026-11-29-h200-ring-moves-fast-silu.md).
      * The verify instances' gathered pass (trees) keeps the precise one: with the approximate one
-     * their chain verifies, which compile it too, ran up to 6% slower (register allocation). With
+     * their chain verifies, which compile it too, measured slower (register allocation). With
      * fp32 state it measured slower, also from register allocation (2026-11-27-h100-mixer-verify-conv.md). */
     constexpr bool FAST_SILU = sizeof(S) == 2;
     constexpr bool FAST_SILU_GATHERED = FAST_SILU && ONE_TOKEN;

@@ -291,10 +291,11 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     if (conv) { /* own tokens' k at khat row h + t; the records' v are not needed (their u is): v's rows before h are never written */
         shared_tokens rows(s.khat, s.qhat, s.vown - (size_t)h * span_rows);
         if (!ONE_TOKEN && !p.parents)
-            conv_pass_sliding<I, false, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq, T, rows, h);
+            conv_pass_sliding<I, false, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq,
+                                                   T, rows, h);
         else
-            conv_pass_gathered<I, false, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq, T, rows,
-                                         p.parents ? p.parents + i * T : nullptr, h);
+            conv_pass_gathered<I, false, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq,
+                                                    T, rows, p.parents ? p.parents + i * T : nullptr, h);
         __syncthreads();
     }
     for (int item = warp; item < E + T; item += warps) {
