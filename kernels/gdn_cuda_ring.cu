@@ -145,7 +145,10 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     /* The mixer's 16-byte window and x moves (write_window, store_own_x): element moves in the
      * verifies of small grids, where the wide ones measured slower. */
     constexpr bool WIDE_MOVES = ONE_TOKEN || REGS == big_regs<S>();
-    /* The conv's approximate SiLU with bf16 state (as the layer kernel's). */
+    /* The conv's approximate SiLU with bf16 state, in both passes: the ring's decodes (gathered) and
+     * chain verifies (sliding) measured faster with it, and its register allocation did not hold its
+     * chain verifies back as the layer kernel's did (whose verify instances keep the precise one in
+     * their tree pass; bench/results/2026-11-29-h200-ring-moves-fast-silu.md). Trees not timed. */
     constexpr bool FAST_SILU = sizeof(S) == 2;
     static_assert(sizeof(I) == 2, "2-byte inputs");
     extern __shared__ __align__(16) float smem[];
