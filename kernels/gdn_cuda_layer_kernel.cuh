@@ -936,6 +936,25 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
                                        : 0;
     };
     auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED, KEEP_KEYS, EARLY_FOLD, false>;
+    /* K = 256, many tokens, the mixer: opt in once per device and instance, up to the largest case,
+     * before a launch or an occupancy query needs more than 48 KiB (the runtime answers no CTA an SM
+     * for a size past the kernel's limit, which the memo would then keep). */
+    const auto largest_smem = [&] {
+        constexpr int most_tokens = GDN_MAX_TOKENS;
+        constexpr int most_capacity = most_tokens + most_tokens; /* shared_tokens::capacity(true, ...) */
+        const mixer_smem largest_parts(K, GDN__MAX_HEAD_DIM, MIXER ? GDN__MAX_CONV_WIDTH : 0, most_capacity, most_tokens,
+                                       GDN__MAX_HEAD_DIM, sizeof(I), 4, MIXER);
+        const int most_kept = KEEP_KEYS ? GDN__KEPT_HEADS_MAX : 0;
+        size_t largest =
+            staging_bytes<Geo, SETS>(128, K, GDN__MAX_HEAD_DIM, most_capacity, most_tokens, most_kept, MIXER, largest_parts);
+        if constexpr (TREE_FORM) {
+            const size_t largest_tree = tree_staging(128, GDN__MAX_HEAD_DIM, most_tokens, most_capacity, most_kept, largest_parts);
+            if (largest_tree > largest) largest = largest_tree;
+        }
+        return (int)largest;
+    };
+    static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
+    const auto opt_in_for = [&](size_t bytes) { return bytes > 48 * 1024 ? gdn__opt_in_shared(kernel, largest_smem(), opted_in) : cudaSuccess; };
     int warps = 4, sets = SETS; /* fewer sets, then fewer warps, until small grids reach every SM */
     while (sets > 1 && (p->V % (sets * warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
         sets /= 2;
@@ -943,8 +962,9 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         const int more = staged_verify_sets<SETS>(sets, T, !MIXER && sizeof(S) == 4 && REGS == big_regs<S>(),
                                                   [&](int s) { return p->V % (s * 4 * Geo::ROWS_PER_WARP) == 0 ? ctas(4, s) : 0; });
         static std::atomic<uint64_t> occupancy_memo{0};
-        if (more > sets ? gdn__in_one_wave(kernel, 128, smem_for(4, more * 4 * Geo::ROWS_PER_WARP), ctas(4, more), occupancy_memo)
-                        : !MIXER)
+        const size_t more_smem = smem_for(4, more * 4 * Geo::ROWS_PER_WARP);
+        if (more > sets) GDN__CUDA_TRY(opt_in_for(more_smem));
+        if (more > sets ? gdn__in_one_wave(kernel, 128, more_smem, ctas(4, more), occupancy_memo) : !MIXER)
             sets = more;
     }
     /* The staged instances (fold verify, the mixer) keep more warps per CTA on small grids: a CTA
@@ -969,8 +989,8 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         static std::atomic<uint64_t> decode_memo[3 * 4];
         const auto one_wave = [&](int s) {
             const int slot = (s >= 4 ? 2 : s - 1) * 4 + (warps >= 8 ? 3 : warps >= 4 ? 2 : warps - 1);
-            return gdn__in_one_wave(kernel, warps * 32, smem_for(warps, s * warps * Geo::ROWS_PER_WARP), ctas(warps, s),
-                               decode_memo[slot]);
+            const size_t bytes = smem_for(warps, s * warps * Geo::ROWS_PER_WARP);
+            return opt_in_for(bytes) == cudaSuccess && gdn__in_one_wave(kernel, warps * 32, bytes, ctas(warps, s), decode_memo[slot]);
         };
         for (int s = sets;; s *= 2) { /* the fewest sets whose grid runs in one wave, each asked once */
             if (one_wave(s)) {
@@ -984,25 +1004,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     const int tiles_per_head = p->V / cta_rows;
     const dim3 grid((unsigned)(p->HV * tiles_per_head), (unsigned)p->B);
     size_t smem = smem_for(warps, cta_rows);
-    /* K = 256 or many tokens: opt in once per device and instance, up to the largest case */
-    const auto largest_smem = [&] {
-        constexpr int most_tokens = GDN_MAX_TOKENS;
-        constexpr int most_capacity = most_tokens + most_tokens; /* shared_tokens::capacity(true, ...) */
-        const mixer_smem largest_parts(K, GDN__MAX_HEAD_DIM, MIXER ? GDN__MAX_CONV_WIDTH : 0, most_capacity, most_tokens,
-                                       GDN__MAX_HEAD_DIM, sizeof(I), 4, MIXER);
-        const int most_kept = KEEP_KEYS ? GDN__KEPT_HEADS_MAX : 0;
-        size_t largest =
-            staging_bytes<Geo, SETS>(128, K, GDN__MAX_HEAD_DIM, most_capacity, most_tokens, most_kept, MIXER, largest_parts);
-        if constexpr (TREE_FORM) {
-            const size_t largest_tree = tree_staging(128, GDN__MAX_HEAD_DIM, most_tokens, most_capacity, most_kept, largest_parts);
-            if (largest_tree > largest) largest = largest_tree;
-        }
-        return (int)largest;
-    };
-    if (smem > 48 * 1024) {
-        static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
-        GDN__CUDA_TRY(gdn__opt_in_shared(kernel, largest_smem(), opted_in));
-    }
+    GDN__CUDA_TRY(opt_in_for(smem));
     /* The big fold verify's later row sets: its DIRECT_SETS instance loads them at each set's start
      * and has no staging region. It runs where that adds CTAs an SM and the grid would take more than
      * two waves with the region (16-token steps at large batches; on smaller grids the exposed loads
@@ -1033,12 +1035,20 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     return GDN_OK;
 }
 
+/* The verifies that take the big instance from a quarter of the usual grid (state_regs_for): with
+ * bf16 state every fold and cache verify, with fp32 state the mixer's fold verify. The others with
+ * fp32 state measured slower or level with it there. */
+template <typename S, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr bool verify_big_early()
+{
+    return !ONE_TOKEN && (sizeof(S) == 2 || (MIXER && FOLD));
+}
 /* The instance holding as many state values a thread as state_regs_for picks for this grid. The
  * ring's write-through (small grids by default) has no big instance: the small one serves there. */
 template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING = false>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
-    switch (state_regs_for<K, S, staged_by_default<ONE_TOKEN, FOLD, MIXER>()>(p, ONE_TOKEN)) {
+    switch (state_regs_for<K, S, staged_by_default<ONE_TOKEN, FOLD, MIXER>()>(p, ONE_TOKEN,
+                                                                           verify_big_early<S, ONE_TOKEN, FOLD, MIXER>())) {
     case state_regs::big:
         if constexpr (FOLD && ONE_TOKEN && !MIXER)
             if (fold_decode_staged<K, S>(p)) return launch_regs<K, S, I, O, big_regs<S>(), true, true, false, false, true>(p, stream);

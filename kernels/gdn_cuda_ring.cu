@@ -619,11 +619,14 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     return GDN_OK;
 }
 
-/* The instance holding as many state values a thread as state_regs_for picks for this grid. */
+/* The instance holding as many state values a thread as state_regs_for picks for this grid. The
+ * mixer's bf16 chain verifies take the big instance from a quarter of the usual grid; trees and
+ * per-row counts do not: without the mixer, those ran slower with it there. */
 template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool MIXER>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
-    switch (state_regs_for<K, S, true>(p, ONE_TOKEN)) {
+    const bool big_early = !ONE_TOKEN && MIXER && sizeof(S) == 2 && !p->parents && !p->token_counts;
+    switch (state_regs_for<K, S, true>(p, ONE_TOKEN, big_early)) {
     case state_regs::big: return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, MIXER>(p, stream);
     case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, MIXER>(p, stream);
     default: return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, MIXER>(p, stream);

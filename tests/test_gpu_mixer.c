@@ -5,7 +5,7 @@
  * windows, with x, z, a and b strided column slices of one fused input tensor, a padded output, a
  * padded pool and a dense or vLLM-layout conv pool; padding rows, rows that write another slot, every
  * accepted count, a slot copy and a slot reset on the way. Most runs take 1-6 rows; the big_grids runs
- * take 16-32 rows of 32 value heads, where the kernels switch to their big instances.
+ * take 16-32 rows of 32 value heads, where every kernel switches to its big instance.
  *
  * After every step: each live output within SPEC 4 of the CPU's (bf16 outputs: one bf16 ulp beside it,
  * both sides being rounded), padding rows' outputs exactly 0 and
@@ -682,8 +682,10 @@ GPU_MIXER_TEST(token_trees_ring, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_RING, 
 GPU_MIXER_TEST(token_trees_qwen3_next_heads_ring_bf16_width_3, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_RING,
                .pool_dtype = GDN_DTYPE_BF16, .weight_dtype = GDN_DTYPE_F32, .out_dtype = GDN_DTYPE_BF16, .W = 3, .norm = 1,
                .trees = 1, .ring_length = 4, .steps = 8, .seed = 29)
-/* 16-32 rows of 32 value heads: the grids on which the fused kernels take their big instances (64
- * bf16 or 32 fp32 state values a thread), which the suites above, at most 6 rows, never reach. */
+/* 16-32 rows of 32 value heads: the grids on which the fused kernels' decodes and other verifies take
+ * their big instances (64 bf16 or 32 fp32 state values a thread). The suites above, at most 6 rows,
+ * reach them only in the verifies that take them early (bf16 fold and cache from 4 rows, the ring's
+ * bf16 chains from 4, fp32 fold from 2: state_regs_for's big_early). */
 GPU_MIXER_TEST(big_grids_fold_bf16, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_FOLD, .pool_dtype = GDN_DTYPE_BF16,
                .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .bias = 1, .min_rows = 16,
                .max_rows = 32, .steps = 6, .seed = 31)
