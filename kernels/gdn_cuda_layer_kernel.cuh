@@ -938,7 +938,8 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     auto kernel = layer_step_kernel<K, S, I, O, REGS, ONE_TOKEN, FOLD, MIXER, RING, STAGED, KEEP_KEYS, EARLY_FOLD, false>;
     /* K = 256, many tokens, the mixer: opt in once per device and instance, up to the largest case,
      * before a launch or an occupancy query needs more than 48 KiB (the runtime answers no CTA an SM
-     * for a size past the kernel's limit, which the memo would then keep). */
+     * for a size past the kernel's limit, which the memo would then keep). A query whose opt-in
+     * fails (a device with less shared memory) answers no and leaves no error behind. */
     const auto largest_smem = [&] {
         constexpr int most_tokens = GDN_MAX_TOKENS;
         constexpr int most_capacity = most_tokens + most_tokens; /* shared_tokens::capacity(true, ...) */
@@ -955,6 +956,11 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     };
     static std::atomic<bool> opted_in[GDN__MAX_DEVICES];
     const auto opt_in_for = [&](size_t bytes) { return bytes > 48 * 1024 ? gdn__opt_in_shared(kernel, largest_smem(), opted_in) : cudaSuccess; };
+    const auto fits_after_opt_in = [&](size_t bytes) {
+        if (opt_in_for(bytes) == cudaSuccess) return true;
+        (void)cudaGetLastError();
+        return false;
+    };
     int warps = 4, sets = SETS; /* fewer sets, then fewer warps, until small grids reach every SM */
     while (sets > 1 && (p->V % (sets * warps * Geo::ROWS_PER_WARP) != 0 || ctas(warps, sets) < GDN__SMALL_GRID_CTAS))
         sets /= 2;
@@ -963,8 +969,8 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
                                                   [&](int s) { return p->V % (s * 4 * Geo::ROWS_PER_WARP) == 0 ? ctas(4, s) : 0; });
         static std::atomic<uint64_t> occupancy_memo{0};
         const size_t more_smem = smem_for(4, more * 4 * Geo::ROWS_PER_WARP);
-        if (more > sets) GDN__CUDA_TRY(opt_in_for(more_smem));
-        if (more > sets ? gdn__in_one_wave(kernel, 128, more_smem, ctas(4, more), occupancy_memo) : !MIXER)
+        if (more > sets ? fits_after_opt_in(more_smem) && gdn__in_one_wave(kernel, 128, more_smem, ctas(4, more), occupancy_memo)
+                        : !MIXER)
             sets = more;
     }
     /* The staged instances (fold verify, the mixer) keep more warps per CTA on small grids: a CTA
@@ -990,7 +996,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         const auto one_wave = [&](int s) {
             const int slot = (s >= 4 ? 2 : s - 1) * 4 + (warps >= 8 ? 3 : warps >= 4 ? 2 : warps - 1);
             const size_t bytes = smem_for(warps, s * warps * Geo::ROWS_PER_WARP);
-            return opt_in_for(bytes) == cudaSuccess && gdn__in_one_wave(kernel, warps * 32, bytes, ctas(warps, s), decode_memo[slot]);
+            return fits_after_opt_in(bytes) && gdn__in_one_wave(kernel, warps * 32, bytes, ctas(warps, s), decode_memo[slot]);
         };
         for (int s = sets;; s *= 2) { /* the fewest sets whose grid runs in one wave, each asked once */
             if (one_wave(s)) {
