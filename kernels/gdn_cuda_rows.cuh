@@ -200,9 +200,9 @@ __device__ __forceinline__ void store_rows(S *dst, const float (&st)[Geo::RT][Ge
  * the smallest one-token grids (e.g. B = 1 of a 32-head layer: shorter chains). The big instance
  * starts at 4 GDN__SMALL_GRID_CTAS of its warps, or at a quarter of that for the verifies that
  * measured faster with it there (`big_early`, the launchers' choice: verify_big_early): the small
- * instance's grid is four times as many CTAs, each preparing every token (and with the mixer
- * running its key head's conv), which costs those verifies more than the big one's fewer warps an
- * SM (bench/results/2026-11-29-h200-verify-big-early.md). */
+ * instance runs several times the warps, in more CTAs, each preparing every token (and with the
+ * mixer running its key head's conv), which costs those verifies more than the big one's fewer
+ * warps an SM (bench/results/2026-11-29-h200-verify-big-early.md). */
 enum class state_regs { big, small, tiny };
 template <int K, typename S, bool SHARED>
 inline state_regs state_regs_for(const gdn__layer_params *p, bool one_token, bool big_early = false)
