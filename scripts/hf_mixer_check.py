@@ -6,7 +6,10 @@ accept every prefix 0..T (each followed by a decode), once through the three pie
 transformers.models.qwen3_next.modeling_qwen3_next (torch_causal_conv1d_update,
 torch_recurrent_gated_delta_rule, Qwen3NextRMSNormGated) and once through libgdn's public op layer
 (gdn_op_layer_step / gdn_op_commit / gdn_op_flush with a gdn_mixer, via ctypes), and prints the largest
-errors of the outputs y, the states and the conv windows against SPEC 4's tolerances.
+errors of the outputs y, the states and the conv windows against SPEC 4's tolerances. One more line
+per configuration, marked info and not judged, holds y to o's absolute tolerance carried through
+the norm (w silu(z) / RMS(o) times it): with bf16 state one ulp of state can move y past SPEC 6's
+tolerance, which is o's (bench/results/2026-11-29-h200-verify-big-early.md).
 
 How the two sides line up (read from the transformers source):
   - conv state: HF [batch, conv_dim, W] holding the last W inputs (its oldest is never used: the
@@ -171,8 +174,9 @@ class HFRef:
             return mod(t.from_numpy(o.copy()), t.from_numpy(z.copy())).numpy()
 
 
-def ref_step(ref, p, S, conv, x, z, a, b):
-    """One call of T tokens from (S [B, HV, K, V], conv [B, C, W]): y [B, T, HV, V], new S, new conv."""
+def ref_step(ref, p, S, conv, x, z, a, b, with_o=False):
+    """One call of T tokens from (S [B, HV, K, V], conv [B, C, W]): y [B, T, HV, V], new S, new conv
+    (and o [B, T, HV, V], the recurrence's output before the norm, with with_o)."""
     HK, HV, K, V = p["HK"], p["HV"], p["K"], p["V"]
     B, T, _ = x.shape
     conv = conv.copy()
@@ -186,7 +190,12 @@ def ref_step(ref, p, S, conv, x, z, a, b):
     q, k = np.repeat(q, HV // HK, axis=2), np.repeat(k, HV // HK, axis=2)
     o, S = ref.recurrent(q, k, v, g, beta, S)
     y = ref.norm(o.reshape(-1, V), z.reshape(-1, V), p["norm_w"], p["eps"]).reshape(B, T, HV, V)
-    return y, S, conv
+    return (y, S, conv, o.reshape(B, T, HV, V)) if with_o else (y, S, conv)
+
+
+def norm_gain(o, z, w, eps):
+    """|dy/do| of the gated norm per element, its RMS held fixed: |w silu(z)| / RMS(o) of the head."""
+    return np.abs(w * silu(z)) / np.sqrt((o * o).mean(-1, keepdims=True) + eps)
 
 
 # ---- library buffers: numpy host memory (cpu) or torch CUDA tensors (cuda) ----
@@ -242,6 +251,9 @@ class CudaMem:
 # ---- one run: a configuration through both sides ----
 def tol_of(state_dtype):
     return (1e-3, 5e-3, 0.016, 5e-3) if state_dtype == DT_BF16 else (1e-2, 1e-2, 1e-2, 1e-2)
+
+
+INFO_Y = "y, o's tolerance via the norm (info)"
 
 
 class Stats:
@@ -313,7 +325,7 @@ def run(lib, mem, ref, args, state_dtype, strategy):
         op.kind, op.tokens, op.batch = kind, T, B
         op.x, op.z, op.a, op.b, op.o = (View(mem.ptr(buf), 0, 0, 0) for buf in bufs)
         call(lib.gdn_op_layer_step, mem.stream)
-        y, S_all, conv_all = ref_step(ref, p, S, conv, x[:live], z[:live], a[:live], b[:live])
+        y, S_all, conv_all, o = ref_step(ref, p, S, conv, x[:live], z[:live], a[:live], b[:live], with_o=True)
         if kind == VERIFY:
             acc = mem.put(np.r_[accepted, 0], "i32")
             call(lib.gdn_op_commit, C.c_void_p(mem.ptr(acc)), mem.stream)
@@ -324,6 +336,9 @@ def run(lib, mem, ref, args, state_dtype, strategy):
         S, conv = sround(S_all), conv_all
         out = mem.get(bufs[4], DT_F32).reshape(B, T, HV, V)
         stats.add("y", out[:live], y, a_tol, r_tol)
+        # Informational, not judged: o's absolute tolerance carried through the norm (the norm scales
+        # o by w silu(z) / RMS(o), ~100x with these inputs, while SPEC 6 holds y to o's tolerance).
+        stats.add(INFO_Y, out[:live], y, a_tol * norm_gain(o, z[:live], p["norm_w"], p["eps"]), r_tol)
         stats.add("padding row (must be 0)", out[live:], np.zeros_like(out[live:]), 0.0, 0.0)
 
     def check_states():
@@ -390,9 +405,10 @@ def main():
         stats = run(lib, mem, ref, args, state_dtype, strategy)
         for name, (ratio, dmax, rel) in stats.worst.items():
             good = ratio <= 1.0
-            ok &= good
+            ok &= good or name == INFO_Y
+            verdict = "info" if name == INFO_Y else "ok" if good else "FAIL"
             print(f"  {'f32' if state_dtype == DT_F32 else 'bf16'} state, {strategy:5s} {name:26s} max abs {dmax:.3e}  "
-                  f"max rel {rel:.3e}  {100 * ratio:6.2f}% of SPEC 4 tolerance  {'ok' if good else 'FAIL'}")
+                  f"max rel {rel:.3e}  {100 * ratio:6.2f}% of SPEC 4 tolerance  {verdict}")
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
