@@ -103,6 +103,10 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def head_rms(o, eps):  # o [..., V]: the gated norm's divisor per head
+    return np.sqrt((o * o).mean(-1, keepdims=True) + eps)
+
+
 class NumpyRef:
     """The three transformers functions, ported to float64 numpy with the same layouts."""
 
@@ -129,7 +133,7 @@ class NumpyRef:
 
     @staticmethod
     def norm(o, z, w, eps):  # o, z [N, V]
-        return w * o / np.sqrt((o * o).mean(-1, keepdims=True) + eps) * silu(z)
+        return w * o / head_rms(o, eps) * silu(z)
 
 
 class HFRef:
@@ -195,7 +199,7 @@ def ref_step(ref, p, S, conv, x, z, a, b, with_o=False):
 
 def norm_gain(o, z, w, eps):
     """|dy/do| of the gated norm per element, its RMS held fixed: |w silu(z)| / RMS(o) of the head."""
-    return np.abs(w * silu(z)) / np.sqrt((o * o).mean(-1, keepdims=True) + eps)
+    return np.abs(w * silu(z)) / head_rms(o, eps)
 
 
 # ---- library buffers: numpy host memory (cpu) or torch CUDA tensors (cuda) ----
