@@ -638,7 +638,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             else
                 conv_pass_gathered<I, true, FAST_SILU_GATHERED>(p, mc, raw, mixer_base + parts.weights,
                                                                  mixer_base + parts.bias, seq, T, s,
-                                                                 p.parents ? p.parents + i * T : nullptr);
+                                                                 gdn__row_parents(p.parents, i, T));
             __syncthreads();
             for (int j = warp; j < tokens; j += warps) {
                 if (j >= own0) normalise_token<K, true>(p, s, j, j - own0, lane);

@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
                                                    T, rows, h);
         else
             conv_pass_gathered<I, false, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, row_seq,
-                                                    T, rows, p.parents ? p.parents + i * T : nullptr, h);
+                                                    T, rows, gdn__row_parents(p.parents, i, T), h);
         __syncthreads();
     }
     for (int item = warp; item < E + T; item += warps) {

@@ -380,6 +380,12 @@ typedef struct gdn__commit_params {
     int32_t entries_per_slot;      /* store_tokens (fold) or ring_capacity (ring) */
 } gdn__commit_params;
 
+/* Row i's T parents in a [B][T] parents array, or NULL for a chain (parents NULL). */
+static inline GDN__HOST_DEVICE const int32_t *gdn__row_parents(const int32_t *parents, int64_t i, int32_t T)
+{
+    return parents ? parents + i * T : NULL;
+}
+
 /* The path of `node` in row `parents` (T entries; NULL: a chain), root first, into path[0..len):
  * its length (0 for node -1), or -1 when node is outside -1..n-1 or a parent on the way is outside
  * -1..t-1. Every step moves to a smaller index, so the walk ends within n steps. Host and device. */
@@ -463,7 +469,7 @@ static inline GDN__HOST_DEVICE int32_t gdn__commit_path_of(const gdn__commit_par
 /* Commit row i's parents (NULL for chains). */
 static inline GDN__HOST_DEVICE const int32_t *gdn__commit_row_parents(const gdn__commit_params *p, int64_t i)
 {
-    return p->parents ? p->parents + i * p->T : NULL;
+    return gdn__row_parents(p->parents, i, p->T);
 }
 
 /* The same for commit row i, read from p's arrays. */
