@@ -12,16 +12,17 @@
  * and the ratio graph / sum (target <= 1.05) and host us (target <= 5).
  *
  * The ring strategy (--verify ring, --ring-length L): a row's decode costs depend on its ring's fill
- * level (every L-th decode of a row writes its state back). Before a bucket's decode is timed its
- * slots are reset and staggered (row i joins the first L decode steps only after floor(i L / bucket)
- * of them, which leaves the rows at fill levels spread over 0..L-1), and every GPU sample is a whole
- * number of L steps (at least 8), reported as the MEAN per step over the samples, so that the
- * write-backs count at their true rate; verify rows are timed the same way (mean over samples of
- * max(8, L) steps, after the host-timing steps as warm-up: the fill levels are then in steady state).
+ * level (every L-th decode of a row writes its state back). Before a bucket's decode or verify is
+ * timed its slots are reset and staggered (row i joins the first L steps of that kind only after
+ * floor(i L / bucket) of them, which leaves the rows at fill levels spread over 0..L-1 for decodes,
+ * and writing back in different steps), and every GPU sample is a whole number of L steps (at least
+ * 8), reported as the MEAN per step over the samples, so that the write-backs count at their true
+ * rate (verify rows: accepted 1 or 2 alternately, so their write-backs come every few steps).
  * The other strategies keep their medians of 8-step samples (one step for direct launches).
  *
  *   gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] [--host-burst N]
- *                      [--verify auto|cache|fold|ring] [--ring-length L] [--mixer | --separate] [--bucket N]
+ *                      [--verify auto|cache|fold|ring] [--ring-length L] [--ring-write-through N]
+ *                      [--mixer | --separate] [--bucket N]
  *                      [--mixer-parts conv|norm] [--json FILE]
  * --mixer: every layer runs the whole mixer step (SPEC 6: conv W = 4 with its window, the recurrence,
  * the gated norm; random bf16 conv weights and bias, norm weights near 1). --mixer-parts conv or norm
@@ -136,10 +137,14 @@ static int time_on_gpu(gdn_engine *e, const int32_t *slots, int32_t bucket, int3
     return 0;
 }
 
-/* Ring strategy: resets the bucket's slots (state and ring emptied), then runs L decode steps in which
- * row i joins only from step floor(i L / bucket) on (the others are padding rows), so that the rows'
- * fill levels end spread over 0..L-1 (distinct when bucket <= L). */
-static int stagger_ring(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t ring_length, cudaStream_t s)
+/* Ring strategy: resets the bucket's slots (state and ring emptied), then runs L steps of the row's
+ * kind (decode, or verify + commit of `tokens`) in which row i joins only from step floor(i L / bucket)
+ * on (the others are padding rows), so that the rows' fill levels end spread (decodes: over 0..L-1,
+ * distinct when bucket <= L) and their write-backs fall in different steps, as a serving loop's rows
+ * do. Without it a verify row would start from whatever the row before it left: after decodes that
+ * write through, every ring empty and the rows writing back in the same steps. */
+static int stagger_ring(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t tokens, int32_t ring_length,
+                        cudaStream_t s)
 {
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)bucket);
     if (!rows) return -1;
@@ -151,7 +156,7 @@ static int stagger_ring(gdn_engine *e, const int32_t *slots, int32_t bucket, int
             rows[i] = j >= join ? slots[i] : -1;
             live += rows[i] >= 0;
         }
-        if (live && issue_step(e, rows, bucket, 1, s)) return -1;
+        if (live && issue_step(e, rows, bucket, tokens, s)) return -1;
     }
     free(rows);
     return 0;
@@ -195,7 +200,7 @@ static int measure(gdn_engine *e, const int32_t *slots, int32_t bucket, int32_t 
 
     const int32_t ring_length = ring_length_of(e);
     const sample_plan plan = ring_length ? ring_plan(ring_length) : plain_plan;
-    if (ring_length && tokens == 1 && stagger_ring(e, slots, bucket, ring_length, s)) return -1;
+    if (ring_length && stagger_ring(e, slots, bucket, tokens, ring_length, s)) return -1;
     /* GPU time per step: graph replays (with their row fetches) queued behind a spin kernel. */
     if (time_on_gpu(e, slots, bucket, tokens, layers, s, TIMED_STEPS, 1, &plan, &row->graph_us)) return -1;
     /* The same step as direct launches, as the host issues them (launch gaps included). */
@@ -416,6 +421,7 @@ int gdn_bench_engine_main(int argc, char **argv)
     const char *json = NULL;
     gdn_verify_strategy verify = GDN_VERIFY_AUTO; /* the library's default unless asked */
     int32_t ring_length = 0;                      /* 0: the library's default */
+    int32_t ring_write_through = 0;               /* 0: the library's default; -1 never */
     int mixer = 0, separate = 0;
     int mixer_conv = 1, mixer_norm = 1; /* --mixer-parts */
     int32_t only_bucket = 0; /* --bucket N: that bucket alone (for profilers) */
@@ -431,6 +437,7 @@ int gdn_bench_engine_main(int argc, char **argv)
                                             : GDN_VERIFY_AUTO;
             i++;
         } else if (!strcmp(a, "--ring-length") && v) ring_length = atoi(argv[++i]);
+        else if (!strcmp(a, "--ring-write-through") && v) ring_write_through = atoi(argv[++i]);
         else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
         else if (!strcmp(a, "--mixer")) mixer = 1;
         else if (!strcmp(a, "--separate")) separate = 1;
@@ -450,7 +457,8 @@ int gdn_bench_engine_main(int argc, char **argv)
             for (char *tok = strtok(argv[++i], ","); tok && n_tokens < 8; tok = strtok(NULL, ",")) tokens[n_tokens++] = atoi(tok);
         } else {
             fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] "
-                            "[--host-burst 1..12] [--verify auto|cache|fold|ring] [--ring-length 4..32] [--mixer | --separate] [--bucket N] "
+                            "[--host-burst 1..12] [--verify auto|cache|fold|ring] [--ring-length 4..32] [--ring-write-through N] "
+                            "[--mixer | --separate] [--bucket N] "
                             "[--mixer-parts conv|norm] [--tp N] [--json FILE]\n");
             return 2;
         }
@@ -473,6 +481,7 @@ int gdn_bench_engine_main(int argc, char **argv)
     c.max_tokens = max_tokens;
     c.verify_strategy = verify;
     c.ring_length = ring_length;
+    c.ring_write_through = ring_write_through;
     c.backend = GDN_BACKEND_CUDA;
     c.graph_mode = GDN_GRAPHS_AT_CREATE;
     c.graph_progress = progress;
@@ -503,9 +512,10 @@ int gdn_bench_engine_main(int argc, char **argv)
                            : rc->verify_strategy == GDN_VERIFY_RING ? "ring"
                                                                     : "cache";
     const int32_t ring_len = rc->verify_strategy == GDN_VERIFY_RING ? rc->ring_length : 0;
-    char ring_note[64] = "";
+    char ring_note[128] = "";
     if (ring_len)
-        snprintf(ring_note, sizeof ring_note, " (ring length %d; GPU times: means over whole ring cycles)", ring_len);
+        snprintf(ring_note, sizeof ring_note, " (ring length %d, decodes write through up to %d rows; GPU times: means over whole ring cycles)",
+                 ring_len, rc->ring_write_through > 0 ? rc->ring_write_through : 0);
     printf("engine: qwen3-next x %d layers%s, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify%s; created"
            " in %.0f ms (graphs included); host timed in bursts of %d steps\n", layers,
            mixer      ? (!mixer_norm ? " (mixer step: conv W 4, no norm)"

@@ -302,7 +302,8 @@ def run(lib, mem, ref, args, state_dtype, strategy):
     op = OpLayer(backend=BACKEND[args.backend], model=Model(1, HK, HV, K, V, 0.0, 1), input_dtype=DT_BF16,
                  output_dtype=DT_F32, mixer=C.pointer(mixer), A_log=mem.ptr(keep[2]), dt_bias=mem.ptr(keep[3]),
                  pool=StatePool(mem.ptr(pool), state_dtype, slots, HV * V * K), read_slots=mem.ptr(keep[4]),
-                 strategy=STRATEGY[strategy], max_batch=B, max_tokens=max_t, ring_length=4)
+                 strategy=STRATEGY[strategy], max_batch=B, max_tokens=max_t, ring_length=4,
+                 ring_write_through=-1)  # the ring's own decode (records), not the write-through
     ws_bytes = lib.gdn_op_workspace_bytes(C.byref(op))
     if ws_bytes == 0:
         sys.exit("gdn_op_workspace_bytes: 0 (the description is invalid: does this script match include/gdn/gdn_op.h?)")

@@ -214,6 +214,41 @@ Test(config, ring_write_through_is_checked_and_resolved)
     }
 }
 
+/* The default ring_write_through with the mixer's conv follows the state dtype
+ * (GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16 / _F32 row-heads); the norm alone keeps the plain default;
+ * -1 and row counts stay as given. */
+Test(config, ring_write_through_default_follows_the_conv_and_the_state_dtype)
+{
+    const struct {
+        gdn_dtype state;
+        int32_t conv_width, use_norm, option, heads;
+    } cases[] = {
+        {GDN_DTYPE_BF16, 4, 1, 0, GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16},
+        {GDN_DTYPE_F32, 4, 1, 0, GDN_RING_WRITE_THROUGH_HEADS_CONV_F32},
+        {GDN_DTYPE_BF16, 2, 0, 0, GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16},
+        {GDN_DTYPE_BF16, 0, 1, 0, GDN_RING_WRITE_THROUGH_HEADS},
+        {GDN_DTYPE_F32, 0, 1, 0, GDN_RING_WRITE_THROUGH_HEADS},
+        {GDN_DTYPE_BF16, 4, 1, -1, 0},
+        {GDN_DTYPE_F32, 4, 1, 3, 0},
+    };
+    cr_assert_neq(GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16, GDN_RING_WRITE_THROUGH_HEADS_CONV_F32);
+    for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
+        gdn_engine_config c = valid();
+        c.verify_strategy = GDN_VERIFY_RING;
+        c.state_dtype = cases[n].state;
+        c.mixer = (gdn_mixer_config){.conv_width = cases[n].conv_width, .conv_weight_dtype = GDN_DTYPE_BF16,
+                                     .use_norm = cases[n].use_norm};
+        c.ring_write_through = cases[n].option;
+        gdn_engine *e = NULL;
+        cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK, "case %zu", n);
+        const int32_t rows = cases[n].heads / c.model.num_v_heads;
+        const int32_t expected = cases[n].option ? cases[n].option : rows > 0 ? rows : -1;
+        cr_assert_eq(gdn_engine_get_config(e)->ring_write_through, expected, "case %zu: %d rows, wanted %d", n,
+                     gdn_engine_get_config(e)->ring_write_through, expected);
+        gdn_engine_destroy(e);
+    }
+}
+
 Test(config, ring_length_zero_resolves_to_the_default_and_the_ring_replaces_the_cache)
 {
     gdn_engine_config c = valid(); /* ring_length 0 */

@@ -572,8 +572,12 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
             else pending = (strategy == GDN_VERIFY_RING && !ring_store_first ? pending : 0) + len;
         } else if (kind == GDN_STEP_DECODE) {
             cr_assert_eq(gdn__ref_mixer_run(&mx->m, cur, 1, x, a, b, z, out), GDN_OK);
-            /* The op's default ring_write_through: steps of at most 128 row-heads write every row back. */
-            const int through = mx->cfg.write_through && B <= GDN_RING_WRITE_THROUGH_HEADS / HV;
+            /* The op's default ring_write_through: steps of at most 128 row-heads write every row back,
+             * with the conv the conv's row-heads for the pool dtype (gdn.h). */
+            const int32_t through_heads = mx->cfg.no_conv                      ? GDN_RING_WRITE_THROUGH_HEADS
+                                          : mx->cfg.pool_dtype == GDN_DTYPE_BF16 ? GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16
+                                                                                 : GDN_RING_WRITE_THROUGH_HEADS_CONV_F32;
+            const int through = mx->cfg.write_through && B <= through_heads / HV;
             if (strategy == GDN_VERIFY_RING && !fork && !through && pending + 1 < RING_LENGTH) pending++; /* a record */
             else store_into(mx, cur, w, "decode"), pending = 0; /* cache and fold store; a full ring, a fork or a write-through writes back */
         } else {
