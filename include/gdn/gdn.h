@@ -166,7 +166,8 @@ typedef enum gdn_verify_strategy {
      * whose write slot differs from its read slot, writes the state back first. The pool therefore
      * lags for slots with ring records: reading a state through the API writes the slot's ring back
      * first. With bf16 state the state is rounded only at write-backs (closer to float64 than the
-     * other strategies). Decode steps of few rows write every row back (ring_write_through below).
+     * other strategies). Decode steps of few rows (with the mixer's conv, of up to 8192 row-heads with
+     * bf16 state) write every row back (ring_write_through below).
      * When each strategy wins: README and bench/results. Both backends. */
     GDN_VERIFY_RING = 3,
 } gdn_verify_strategy;
