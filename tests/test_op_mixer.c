@@ -307,7 +307,8 @@ static double round_pool(const mix *mx, double x)
 }
 /*
  * The oracle's state `cur` is stored into pool slot w, where the op has just stored it: rounded to the
- * pool's dtype. With a bf16 pool the op's own rounding is adopted, after checking that it is the
+ * pool's dtype. With an fp32 pool the stored state must be within a few fp32 roundings of it (a store
+ * the op did not make fails here). With a bf16 pool the op's own rounding is adopted, after checking that it is the
  * oracle's, or one bf16 ulp beside it (float32 and float64 arithmetic may round a value near a tie
  * apart), or within 1e-6 of it (float32 noise on an element that cancelled to almost 0; the states are
  * ~0.1): left to grow, such a flip would make later outputs differ from the oracle by more than SPEC
@@ -318,11 +319,14 @@ static void store_into(mix *mx, gdn__mixer_ref_slot *cur, int32_t w, const char 
     const unsigned char *stored = slot_state(mx, w);
     for (int64_t e = 0; e < mx->state_elems; e++) {
         const double model = round_pool(mx, cur->S[e]);
-        if (mx->cfg.pool_dtype != GDN_DTYPE_BF16) {
+        const double got = pool_get(mx, stored, e);
+        if (mx->cfg.pool_dtype != GDN_DTYPE_BF16) { /* a few fp32 roundings apart at most: the store happened */
+            cr_assert(fabs(got - model) <= 1e-6 + 1e-5 * fabs(model),
+                      "step %d, %s: slot %d, stored fp32 state element %lld is %.9g, the float64 state %.9g", mx->step, what,
+                      w, (long long)e, got, cur->S[e]);
             cur->S[e] = model;
             continue;
         }
-        const double got = pool_get(mx, stored, e);
         if (got != model) {
             int ex;
             frexp(fmax(fabs(got), fabs(model)), &ex);
@@ -578,8 +582,12 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
                                           : mx->cfg.pool_dtype == GDN_DTYPE_BF16 ? GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16
                                                                                  : GDN_RING_WRITE_THROUGH_HEADS_CONV_F32;
             const int through = mx->cfg.write_through && B <= through_heads / HV;
-            if (strategy == GDN_VERIFY_RING && !fork && !through && pending + 1 < RING_LENGTH) pending++; /* a record */
-            else store_into(mx, cur, w, "decode"), pending = 0; /* cache and fold store; a full ring, a fork or a write-through writes back */
+            if (strategy == GDN_VERIFY_RING && !fork && !through && pending + 1 < RING_LENGTH) { /* a record */
+                const size_t at = (size_t)(slot_state(mx, w) - mx->pool);
+                cr_assert_eq(memcmp(mx->pool + at, pool0 + at, (size_t)mx->state_elems * pool_size(mx)), 0,
+                             "step %d: a ring decode of %d rows that appends a record wrote slot %d's state", mx->step, B, w);
+                pending++;
+            } else store_into(mx, cur, w, "decode"), pending = 0; /* cache and fold store; a full ring, a fork or a write-through writes back */
         } else {
             /* A verify, then its commit. Fold: the step folds the slot's pending tokens and stores that
              * state before its own tokens; ring: so does a verify that does not fit the ring, or forks.
@@ -912,6 +920,14 @@ SEQUENCE_TEST(bf16_pool_fold, TINY(GDN_VERIFY_FOLD, 152), .pool_dtype = GDN_DTYP
 SEQUENCE_TEST(bf16_pool_ring, TINY(GDN_VERIFY_RING, 153), .pool_dtype = GDN_DTYPE_BF16)
 SEQUENCE_TEST(write_through_ring, TINY(GDN_VERIFY_RING, 154), .write_through = 1, .vllm_layout = 1)
 SEQUENCE_TEST(write_through_bf16_pool_ring, TINY(GDN_VERIFY_RING, 155), .write_through = 1, .pool_dtype = GDN_DTYPE_BF16)
+/* 64 value heads: the plain default would cover 2 rows, the conv's covers every step here (1-4 rows:
+ * fp32 8, bf16 128), and without the conv the 3-4-row decodes append records. */
+SEQUENCE_TEST(write_through_conv_default_ring, .HK = 16, .HV = 64, .K = 64, .V = 64, TINY(GDN_VERIFY_RING, 156),
+              .write_through = 1)
+SEQUENCE_TEST(write_through_conv_default_bf16_pool_ring, .HK = 16, .HV = 64, .K = 64, .V = 64, TINY(GDN_VERIFY_RING, 157),
+              .write_through = 1, .pool_dtype = GDN_DTYPE_BF16)
+SEQUENCE_TEST(write_through_default_conv_off_ring, .HK = 16, .HV = 64, .K = 64, .V = 64, TINY(GDN_VERIFY_RING, 158),
+              .write_through = 1, .no_conv = 1)
 /* Conv off (x is q | k | v, given as q, k, v; norm on) and norm off (conv on; the output is o). */
 SEQUENCE_TEST(conv_off_cache, TINY(GDN_VERIFY_CACHE, 161), .no_conv = 1)
 SEQUENCE_TEST(conv_off_fold, TINY(GDN_VERIFY_FOLD, 162), .no_conv = 1)
