@@ -178,9 +178,9 @@ class HFRef:
             return mod(t.from_numpy(o.copy()), t.from_numpy(z.copy())).numpy()
 
 
-def ref_step(ref, p, S, conv, x, z, a, b, with_o=False):
-    """One call of T tokens from (S [B, HV, K, V], conv [B, C, W]): y [B, T, HV, V], new S, new conv
-    (and o [B, T, HV, V], the recurrence's output before the norm, with with_o)."""
+def ref_step(ref, p, S, conv, x, z, a, b):
+    """One call of T tokens from (S [B, HV, K, V], conv [B, C, W]): y [B, T, HV, V], new S, new conv,
+    and o [B, T, HV, V], the recurrence's output before the norm."""
     HK, HV, K, V = p["HK"], p["HV"], p["K"], p["V"]
     B, T, _ = x.shape
     conv = conv.copy()
@@ -194,7 +194,7 @@ def ref_step(ref, p, S, conv, x, z, a, b, with_o=False):
     q, k = np.repeat(q, HV // HK, axis=2), np.repeat(k, HV // HK, axis=2)
     o, S = ref.recurrent(q, k, v, g, beta, S)
     y = ref.norm(o.reshape(-1, V), z.reshape(-1, V), p["norm_w"], p["eps"]).reshape(B, T, HV, V)
-    return (y, S, conv, o.reshape(B, T, HV, V)) if with_o else (y, S, conv)
+    return y, S, conv, o.reshape(B, T, HV, V)
 
 
 def norm_gain(o, z, w, eps):
@@ -330,13 +330,13 @@ def run(lib, mem, ref, args, state_dtype, strategy):
         op.kind, op.tokens, op.batch = kind, T, B
         op.x, op.z, op.a, op.b, op.o = (View(mem.ptr(buf), 0, 0, 0) for buf in bufs)
         call(lib.gdn_op_layer_step, mem.stream)
-        y, S_all, conv_all, o = ref_step(ref, p, S, conv, x[:live], z[:live], a[:live], b[:live], with_o=True)
+        y, S_all, conv_all, o = ref_step(ref, p, S, conv, x[:live], z[:live], a[:live], b[:live])
         if kind == VERIFY:
             acc = mem.put(np.r_[accepted, 0], "i32")
             call(lib.gdn_op_commit, C.c_void_p(mem.ptr(acc)), mem.stream)
             for i, n in enumerate(accepted):  # the reference state after the accepted prefix
-                _, S_n, conv_n = ref_step(ref, p, S[i:i + 1], conv[i:i + 1], x[i:i + 1, :n], z[i:i + 1, :n],
-                                          a[i:i + 1, :n], b[i:i + 1, :n]) if n else (None, S[i:i + 1], conv[i:i + 1])
+                _, S_n, conv_n, _ = ref_step(ref, p, S[i:i + 1], conv[i:i + 1], x[i:i + 1, :n], z[i:i + 1, :n],
+                                             a[i:i + 1, :n], b[i:i + 1, :n]) if n else (None, S[i:i + 1], conv[i:i + 1], None)
                 S_all[i], conv_all[i] = S_n[0], conv_n[0]
         S, conv = sround(S_all), conv_all
         out = mem.get(bufs[4], DT_F32).reshape(B, T, HV, V)
