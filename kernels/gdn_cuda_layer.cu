@@ -54,12 +54,15 @@ static void resolve_mixer(gdn__layer_params *p)
     m->z_strides = gdn__strides_or_dense(m->z_strides, p->T, p->HV, p->V);
 }
 
-/* A ring decode that writes every row back (ring length 1: the op layer's write-through rule) runs as
- * the cache strategy's decode, which applies the row's records first (gdn_cuda_layer_kernel.cuh). */
+/* A ring decode that writes every row back (ring length 1: the op layer's write-through rule) runs in
+ * the layer kernel: the cache strategy's decode, which applies the row's records first, or with the
+ * mixer's conv the fold strategy's, whose stored tokens are the records (gdn_cuda_layer_kernel.cuh).
+ * With a mixer but no conv (records as the plain ring keeps them, beside the norm) the ring kernel
+ * runs it. */
 static bool ring_writes_through(const gdn__layer_params *p)
 {
     return p->ring && p->ring_length == 1 && p->T == 1 && !p->deferred_verify && !p->token_counts && !p->parents &&
-           !gdn__mixer_on(&p->mixer);
+           (!gdn__mixer_on(&p->mixer) || p->mixer.conv_width > 0);
 }
 
 /* Shape and alignment checks shared by both entry points (GDN_ENOTSUP for what no instance runs). */

@@ -44,7 +44,8 @@
  * output storage O (bf16, float), REGS (state values a thread holds), ONE_TOKEN, FOLD (the fold
  * verify strategy: the slot's pending tokens are folded first, without outputs), MIXER (the whole
  * mixer step, SPEC 6: gdn_cuda_mixer.cuh; its conv and norm each switch on at run time), RING (the
- * ring's write-through decode), STAGED (tokens prepared in shared memory: see staged_by_default),
+ * ring's write-through decode: a cache decode, or with the mixer's conv a fold decode whose stored
+ * tokens are the ring's records), STAGED (tokens prepared in shared memory: see staged_by_default),
  * KEEP_KEYS (the fold verify on small grids: keeps_keys_on), EARLY_FOLD (its twin that folds
  * before the wait: folds_early) and DIRECT_SETS (the big fold verify's twin without the staging
  * region, whose later row sets load their own state: launch_regs). V, T, HK, HV and the cache flag
@@ -282,7 +283,8 @@ template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, b
 __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                                   (resident_ctas<S, REGS, ONE_TOKEN, STAGED>())) layer_step_kernel(const gdn__layer_params p)
 {
-    static_assert(!RING || (ONE_TOKEN && !FOLD && !MIXER), "the ring's write-through is a decode of the cache strategy");
+    static_assert(!RING || (ONE_TOKEN && FOLD == MIXER),
+                  "the ring's write-through is a decode of the cache strategy, or with the mixer of the fold strategy");
     static_assert(STAGED == staged_by_default<ONE_TOKEN, FOLD, MIXER>() || (FOLD && ONE_TOKEN && !MIXER),
                   "only the fold decode chooses its staging");
     static_assert(!KEEP_KEYS || (FOLD && STAGED && !ONE_TOKEN && !MIXER), "only the fold verify keeps its keys");
@@ -298,12 +300,18 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     /* The fold verify's big instance runs a tree in the big instances' form (gdn_cuda_tree.cuh); the
      * others keep the form they were measured with. */
     constexpr bool BIG_TREE = big_fold_verify<S, REGS, ONE_TOKEN, FOLD, MIXER, STAGED, KEEP_KEYS>();
+    /* The ring's write-through with the mixer's conv (launch_strategy): the fold decode, its stored
+     * tokens slot r's records (raw x, a and u, which it applies as given: apply_record) and its
+     * pending count the ring's count (the launcher points token_store, store_tokens and pending at
+     * them). Its conv runs over [window; records; own token] as fold's does, and moves the window. */
+    constexpr bool RING_FOLD = RING && MIXER;
     /* Its bf16 form: the lane plan, the vector v store and the staging of the folded tokens only
      * (bench/results/2026-11-27-h100-tree-path-rounds.md; the other instances measured slower so). */
     constexpr bool BIG_BF16 = BIG_TREE && sizeof(S) == 2;
     /* The folded tokens alone, staged once the state's loads are out: BIG_BF16 and the big bf16 mixer
      * fold verify. */
-    constexpr bool STAGE_PENDING = BIG_BF16 || (MIXER && FOLD && !ONE_TOKEN && REGS == big_regs<S>() && sizeof(S) == 2);
+    constexpr bool STAGE_PENDING =
+        BIG_BF16 || RING_FOLD || (MIXER && FOLD && !ONE_TOKEN && REGS == big_regs<S>() && sizeof(S) == 2);
     extern __shared__ __align__(16) float smem[];
 
     const int lane = threadIdx.x & 31;
@@ -422,10 +430,19 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     /* The window's and x's moves in 16-byte pieces in the fold verifies and the big decodes; the small
      * decodes and the cache verifies measured slower so (gdn_cuda_mixer.cuh). */
     constexpr bool WIDE_MOVES = ONE_TOKEN ? REGS == big_regs<S>() : FOLD;
-    const int64_t token_elems = conv ? gdn__mixer_token_elems(p.mixer.conv_dim, HV) : gdn__token_elems(HK, HV, K, V);
-    /* Slot r's stored token j into shared memory: its raw inputs with the conv, else k and v. */
+    const int64_t token_elems = RING_FOLD ? gdn__mixer_record_bytes(p.mixer.conv_dim, HV, V) / (int64_t)sizeof(I)
+                                : conv    ? gdn__mixer_token_elems(p.mixer.conv_dim, HV)
+                                          : gdn__token_elems(HK, HV, K, V);
+    /* Slot r's stored token j into shared memory: its raw inputs with the conv, else k and v; a ring
+     * record's u of the CTA's rows where a token's v goes. */
     const auto stage_stored = [&](int j) {
         const I *tb = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems;
+        if (RING_FOLD) {
+            const float *u = reinterpret_cast<const float *>(reinterpret_cast<const char *>(tb) +
+                                                             gdn__mixer_record_u_offset(p.mixer.conv_dim, HV)) +
+                             (int64_t)h * V + tile_row0;
+            for (int c = lane; c < cta_rows; c += 32) gdn__copy_async4(s.v + (size_t)j * cta_rows + c, u + c);
+        }
         if (conv)
             stage_conv_row<K, I>(mc, raw + (size_t)(window_rows + j) * mc.pitch, tb, lane);
         else
@@ -460,7 +477,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     /* The ring's write-through decode: slot r's count is read beside the state (the preceding
      * kernel does not write it), but its records are applied after the wait, so that the wait does
      * not wait for the count (most steps find none). */
-    const int ring_records = RING ? min(max(p.ring_count[r], 0), p.ring_capacity) : 0;
+    const int ring_records = RING && !MIXER ? min(max(p.ring_count[r], 0), p.ring_capacity) : 0;
     load_rows<K, S, Geo, WORDS>(src, st, row0, glane);
     /* The big-grid cache decode (it waits before its state loads) reads its token's inputs right
      * behind them, with no branch between them and the token's use (the token loop's live and
@@ -472,8 +489,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     static_assert(!INPUTS_WITH_STATE || !STATE_BEFORE_WAIT, "its inputs are read after the wait");
     typename token_values<Geo>::template raw_inputs<I> state_inputs;
     if constexpr (INPUTS_WITH_STATE) token_values<Geo>::template read_direct<K, I>(p, i, 0, kh, h, row0, glane, state_inputs);
+    int pending_tokens = own0; /* (STAGE_PENDING: those staged) */
     if constexpr (STAGE_PENDING) { /* the stored tokens that the folds use (above) */
-        const int pending_tokens = max(0, min(p.pending[r], own0));
+        pending_tokens = max(0, min(p.pending[r], own0));
         for (int j = warp; j < pending_tokens; j += warps) stage_stored(j);
     }
     if (conv && !window_async) stage_window<I>(p, mc, raw, r); /* plain loads, behind the state's */
@@ -531,7 +549,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
     }
-    if (RING && ring_records > 0) /* uniform over the CTA */
+    if (RING && !MIXER && ring_records > 0) /* uniform over the CTA */
         apply_ring_records<K, I, Geo>(p, st, r, h, kh, ring_records, row0, glane, A, dt_bias);
 
     /* Token threadIdx.x's gate inputs; EARLY_FOLD holds them as read, so that no conversion waits for
@@ -576,13 +594,15 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 kept_a[u] = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, head)];
                 kept_b[u] = static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, t, head)];
             }
-        if ((int)threadIdx.x < tokens && (!KEEP_KEYS || (int)threadIdx.x >= own0)) {
+        /* (RING_FOLD: the gates of the records it applies; a record has no b, its u is stored.) */
+        if ((int)threadIdx.x < tokens && (!KEEP_KEYS || (int)threadIdx.x >= own0) &&
+            (!RING_FOLD || (int)threadIdx.x < pending_tokens || (int)threadIdx.x >= own0)) {
             const int j = threadIdx.x;
             const I *ap, *bp;
             if (FOLD && j < own0) {
                 ap = static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems +
                      (conv ? (int64_t)p.mixer.conv_dim : gdn__token_gates_offset(HK, HV, K, V)) + h;
-                bp = ap + HV;
+                bp = RING_FOLD ? ap : ap + HV;
             } else {
                 ap = static_cast<const I *>(p.a) + gdn__at(p.a_strides, i, j - own0, h);
                 bp = static_cast<const I *>(p.b) + gdn__at(p.b_strides, i, j - own0, h);
@@ -627,6 +647,15 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     if constexpr (SHARED) {
         if ((int)threadIdx.x < tokens && (!KEEP_KEYS || (int)threadIdx.x >= own0))
             token_gate(gdn__to_f32(a_in), gdn__to_f32(b_in), A, dt_bias, s.gate[threadIdx.x], s.beta[threadIdx.x]);
+        if constexpr (RING_FOLD) /* a full ring of 32 records and the own token in a one-warp CTA */
+            for (int j = threadIdx.x + blockDim.x; j < tokens; j += blockDim.x) {
+                if (j >= pending_tokens && j < own0) continue;
+                const I *ap = j < own0 ? static_cast<const I *>(p.token_store) + (r * p.store_tokens + j) * token_elems +
+                                             p.mixer.conv_dim + h
+                                       : static_cast<const I *>(p.a) + gdn__at(p.a_strides, i, j - own0, h);
+                const I *bp = j < own0 ? ap : static_cast<const I *>(p.b) + gdn__at(p.b_strides, i, j - own0, h);
+                token_gate(gdn__to_f32(*ap), gdn__to_f32(*bp), A, dt_bias, s.gate[j], s.beta[j]);
+            }
         if (tree_form && (int)threadIdx.x >= own0 && (int)threadIdx.x < tokens)
             ts.logd[threadIdx.x - own0] = token_log_decay(gdn__to_f32(a_in), A, dt_bias);
         if (stage_sets) gdn__copy_async_wait_group<1>(); /* the tokens; the next set's state may go on */
@@ -636,9 +665,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             if (!ONE_TOKEN && !p.parents)
                 conv_pass_sliding<I, true, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s);
             else
-                conv_pass_gathered<I, true, FAST_SILU_GATHERED>(p, mc, raw, mixer_base + parts.weights,
-                                                                 mixer_base + parts.bias, seq, T, s,
-                                                                 gdn__row_parents(p.parents, i, T));
+                conv_pass_gathered<I, !RING_FOLD, FAST_SILU_GATHERED>(p, mc, raw, mixer_base + parts.weights,
+                                                                       mixer_base + parts.bias, seq, T, s,
+                                                                       gdn__row_parents(p.parents, i, T), own0);
             __syncthreads();
             for (int j = warp; j < tokens; j += warps) {
                 if (j >= own0) normalise_token<K, true>(p, s, j, j - own0, lane);
@@ -752,7 +781,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 token_values<Geo> tv;
                 if constexpr (SHARED) tv.template load_shared<false>(s, j, 0, K, cta_rows, set_local_row0, glane);
                 else tv.template load_stored<K, I>(p, r, j, kh, h, set_row0, glane, A, dt_bias);
-                apply_token<Geo, false, DECAY_OUTSIDE>(st, decay, tv, o);
+                if constexpr (RING_FOLD) apply_record<Geo, DECAY_OUTSIDE>(st, decay, tv);
+                else apply_token<Geo, false, DECAY_OUTSIDE>(st, decay, tv, o);
             }
             if (verifying()) /* the pool gets the folded state; the own tokens stay pending */
                 store_rows<K, S, Geo, DECAY_OUTSIDE>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems,
@@ -851,7 +881,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
 
     /* Ring write-through: slot w's ring is empty now. The row's last CTA says so, once every CTA has
      * read slot r's count. */
-    if (RING && (ring_records > 0 || r != w)) { /* uniform over the CTA */
+    if (RING && !MIXER && (ring_records > 0 || r != w)) { /* uniform over the CTA */
         __syncthreads();
         if (threadIdx.x == 0 && arrive_last(&p.arrivals[i], gridDim.x)) p.ring_count[w] = 0;
     }
@@ -942,7 +972,8 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
      * fails (a device with less shared memory) answers no and leaves no error behind. */
     const auto largest_smem = [&] {
         constexpr int most_tokens = GDN_MAX_TOKENS;
-        constexpr int most_capacity = most_tokens + most_tokens; /* shared_tokens::capacity(true, ...) */
+        /* shared_tokens::capacity(true, ...): the fold's stored tokens, or the ring's records */
+        constexpr int most_capacity = (RING ? GDN_MAX_RING_LENGTH : most_tokens) + most_tokens;
         const mixer_smem largest_parts(K, GDN__MAX_HEAD_DIM, MIXER ? GDN__MAX_CONV_WIDTH : 0, most_capacity, most_tokens,
                                        GDN__MAX_HEAD_DIM, sizeof(I), 4, MIXER);
         const int most_kept = KEEP_KEYS ? GDN__KEPT_HEADS_MAX : 0;
@@ -1049,7 +1080,8 @@ template <typename S, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr bool veri
     return !ONE_TOKEN && (sizeof(S) == 2 || (MIXER && FOLD));
 }
 /* The instance holding as many state values a thread as state_regs_for picks for this grid. The
- * ring's write-through (small grids by default) has no big instance: the small one serves there. */
+ * ring's write-through without the mixer (small grids by default) has no big instance: the small one
+ * serves there. */
 template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING = false>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
@@ -1058,7 +1090,7 @@ static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
     case state_regs::big:
         if constexpr (FOLD && ONE_TOKEN && !MIXER)
             if (fold_decode_staged<K, S>(p)) return launch_regs<K, S, I, O, big_regs<S>(), true, true, false, false, true>(p, stream);
-        if constexpr (!RING) return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
+        if constexpr (!RING || MIXER) return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
         else return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     default:
@@ -1070,12 +1102,24 @@ static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
     }
 }
 
-/* The instances of one (K, state, input, output) combination: fold or cache, decode or not. */
+/* The instances of one (K, state, input, output) combination: fold or cache, decode or not. The
+ * ring's write-through decode: the cache decode's RING instance, or with the mixer (its conv; the
+ * layer kernel's entry point sends no other mixer here) the fold decode's, over the ring's records
+ * as its stored tokens and the ring's count as its pending count. */
 template <int K, typename S, typename I, typename O, bool MIXER>
 static gdn_status launch_strategy(const gdn__layer_params *p, cudaStream_t stream)
 {
-    if constexpr (!MIXER)
-        if (p->ring) return launch_tokens<K, S, I, O, true, false, false, true>(p, stream); /* the ring's write-through */
+    if (p->ring) {
+        if constexpr (!MIXER) {
+            return launch_tokens<K, S, I, O, true, false, false, true>(p, stream);
+        } else {
+            gdn__layer_params records = *p;
+            records.token_store = records.ring;
+            records.store_tokens = records.ring_capacity;
+            records.pending = records.ring_count;
+            return launch_tokens<K, S, I, O, true, true, true, true>(&records, stream);
+        }
+    }
     if (p->token_store) /* fold; T = 0 is a flush (fold only); a verify of one token runs as a verify, but
                          * in the mixer's one-token instance (which stages) */
         return p->T == 1 && (MIXER || !p->deferred_verify) ? launch_tokens<K, S, I, O, true, true, MIXER>(p, stream)

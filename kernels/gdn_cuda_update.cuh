@@ -49,25 +49,13 @@ __device__ __forceinline__ void row_products(const float (&st)[Geo::RT][Geo::NV]
     row_sums<Geo::L, Geo::RT, OUTPUT>(dk, dq);
 }
 
-/* One token applied to the thread's rows: dk = S.k^ (and dq = S.q^ when OUTPUT) over each row, one
- * lane-group reduction each, then u = beta (v - g dk), o = g dq + u k^.q^, S = g S + u k^. With
- * DECAY_OUTSIDE (state = decay * st, G = decay * g) the same reads u = beta (v - G dk'),
- * o = G dq' + u k^.q^, st += (u / G) k^, decay = G, where dk', dq' are the products with st. The
- * products come first: they need only the rows and k^ (and q^), not the gate, whose shared-memory
- * read would otherwise hold them back. */
-template <typename Geo, bool OUTPUT, bool DECAY_OUTSIDE>
-__device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::EV], float &decay,
-                                            const token_values<Geo> &tv, float (&o)[Geo::RT])
+/* The rows' update by one token, S = g S + u k^ (G = g), or with DECAY_OUTSIDE (G = decay * g)
+ * st += (u / G) k^ and decay = G. */
+template <typename Geo, bool DECAY_OUTSIDE>
+__device__ __forceinline__ void update_rows(float (&st)[Geo::RT][Geo::NV][Geo::EV], float &decay, float G,
+                                            const float (&u)[Geo::RT], const float (&k)[Geo::NV][Geo::EV])
 {
     constexpr int EV = Geo::EV, NV = Geo::NV, RT = Geo::RT;
-    float dk[RT], dq[RT];
-    row_products<Geo, OUTPUT>(st, tv, dk, dq);
-    float G = DECAY_OUTSIDE ? decay * tv.g : tv.g, u[RT];
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++) {
-        u[rt] = tv.beta * (tv.v[rt] - G * dk[rt]);
-        if (OUTPUT) o[rt] = G * dq[rt] + u[rt] * tv.kq;
-    }
     if constexpr (DECAY_OUTSIDE) {
         if (G < GDN__DECAY_FOLD_BELOW) { /* uniform over the CTA */
             scale_rows<Geo>(st, G);
@@ -80,7 +68,7 @@ __device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::E
 #pragma unroll
             for (int n = 0; n < NV; n++)
 #pragma unroll
-                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(step, tv.k[n][e], st[rt][n][e]);
+                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(step, k[n][e], st[rt][n][e]);
         }
         decay = G;
     } else {
@@ -89,8 +77,39 @@ __device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::E
 #pragma unroll
             for (int n = 0; n < NV; n++)
 #pragma unroll
-                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(G, st[rt][n][e], u[rt] * tv.k[n][e]);
+                for (int e = 0; e < EV; e++) st[rt][n][e] = fmaf(G, st[rt][n][e], u[rt] * k[n][e]);
     }
+}
+
+/* One token applied to the thread's rows: dk = S.k^ (and dq = S.q^ when OUTPUT) over each row, one
+ * lane-group reduction each, then u = beta (v - g dk), o = g dq + u k^.q^, S = g S + u k^. With
+ * DECAY_OUTSIDE (state = decay * st, G = decay * g) the same reads u = beta (v - G dk'),
+ * o = G dq' + u k^.q^, st += (u / G) k^, decay = G, where dk', dq' are the products with st. The
+ * products come first: they need only the rows and k^ (and q^), not the gate, whose shared-memory
+ * read would otherwise hold them back. */
+template <typename Geo, bool OUTPUT, bool DECAY_OUTSIDE>
+__device__ __forceinline__ void apply_token(float (&st)[Geo::RT][Geo::NV][Geo::EV], float &decay,
+                                            const token_values<Geo> &tv, float (&o)[Geo::RT])
+{
+    constexpr int RT = Geo::RT;
+    float dk[RT], dq[RT];
+    row_products<Geo, OUTPUT>(st, tv, dk, dq);
+    const float G = DECAY_OUTSIDE ? decay * tv.g : tv.g;
+    float u[RT];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) {
+        u[rt] = tv.beta * (tv.v[rt] - G * dk[rt]);
+        if (OUTPUT) o[rt] = G * dq[rt] + u[rt] * tv.kq;
+    }
+    update_rows<Geo, DECAY_OUTSIDE>(st, decay, G, u, tv.k);
+}
+
+/* A ring record (its correction u stored when it was appended, in the token's v slot) applied to
+ * the thread's rows: S = g S + u k^, no products. */
+template <typename Geo, bool DECAY_OUTSIDE>
+__device__ __forceinline__ void apply_record(float (&st)[Geo::RT][Geo::NV][Geo::EV], float &decay, const token_values<Geo> &tv)
+{
+    update_rows<Geo, DECAY_OUTSIDE>(st, decay, DECAY_OUTSIDE ? decay * tv.g : tv.g, tv.v, tv.k);
 }
 
 #endif /* GDN_CUDA_UPDATE_CUH */

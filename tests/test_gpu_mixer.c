@@ -37,6 +37,8 @@ typedef struct gm_cfg {
     int counts;                    /* verify steps give each row its own token count (SPEC 3) */
     int trees;                     /* verify steps are token trees, committed by accepted node */
     int32_t ring_length;           /* the ring strategy's L (0: the default) */
+    int32_t ring_write_through;    /* gdn_op_layer's (0: the default; -1: the ring's own decodes) */
+    int32_t fill_steps;            /* the first fill_steps steps verify MAX_T tokens in slots 0..B-1 and accept them all */
     int32_t min_rows, max_rows;    /* a step's rows: min_rows..max_rows (0: 1..DEFAULT_ROWS) */
     int32_t steps;
     uint64_t seed;
@@ -143,6 +145,7 @@ static void side_create(gm_side *s, gdn_backend_kind kind, const gm_cfg *c, cons
         .max_batch = g->max_rows,
         .max_tokens = MAX_T,
         .ring_length = c->ring_length,
+        .ring_write_through = c->ring_write_through,
     };
     const char *in = s->in;
     s->op.x = (gdn_view){s->in, g->in_row, g->in_token, 0};
@@ -290,8 +293,9 @@ static void run_step(gm_run *run, int step)
     const gm_cfg *c = &run->cfg;
     const gm_shape *g = &run->g;
     gm_side *sides = run->side;
-    const int verify = test_rng_below(&run->rng, 2);
-    const int32_t T = verify ? 2 + test_rng_below(&run->rng, MAX_T - 1) : 1;
+    const int filling = step < c->fill_steps;
+    const int verify = filling || test_rng_below(&run->rng, 2);
+    const int32_t T = filling ? MAX_T : verify ? 2 + test_rng_below(&run->rng, MAX_T - 1) : 1;
     const int32_t B = g->min_rows + test_rng_below(&run->rng, g->max_rows - g->min_rows + 1);
     /* distinct slots from 0..spare_slot-1; a row may write another unused slot; one may be padding */
     const int32_t spare = g->spare_slot;
@@ -305,10 +309,12 @@ static void run_step(gm_run *run, int step)
     for (int32_t i = 0; i < B; i++) rows[i] = perm[next++];
     for (int32_t i = 0; i < B; i++) writes[i] = next < spare && test_rng_below(&run->rng, 4) == 0 ? perm[next++] : rows[i];
     if (B > 1 && test_rng_below(&run->rng, 3) == 0) rows[test_rng_below(&run->rng, B)] = -1;
+    if (filling) /* the same slots every time, in place: their rings fill */
+        for (int32_t i = 0; i < B; i++) rows[i] = writes[i] = i;
     /* with counts: row 0 has n = 1 (a decode row inside the verify), the others 1..T */
     const int with_counts = verify && c->counts;
     for (int32_t i = 0; i < B; i++) counts[i] = with_counts ? (i == 0 ? 1 : 1 + test_rng_below(&run->rng, T)) : T;
-    for (int32_t i = 0; i < B; i++) accepted[i] = test_rng_below(&run->rng, counts[i] + 1);
+    for (int32_t i = 0; i < B; i++) accepted[i] = filling ? counts[i] : test_rng_below(&run->rng, counts[i] + 1);
     /* trees: random recursive trees (each token's parent uniform in -1..t-1), the accepted node in -1..n-1 */
     const int with_trees = verify && c->trees;
     for (int32_t i = 0; i < B; i++)
@@ -363,8 +369,8 @@ static void run_step(gm_run *run, int step)
                     }
                     cr_assert(isfinite(got), "step %d: row %d token %d head %d [%d] not written (%g)", step, i, t, h, d, got);
                     const double ratio = out_error(got, want, c->out_dtype, &run->tol);
-                    cr_assert(ratio <= 1.0, "step %d (%s T=%d): row %d token %d head %d [%d]: gpu %.6g, reference %.6g",
-                              step, verify ? "verify" : "decode", T, i, t, h, d, got, want);
+                    cr_assert(ratio <= 1.0, "step %d (%s T=%d): row %d token %d head %d [%d]: gpu %.6g, reference %.6g (%.2f of the tolerance)",
+                              step, verify ? "verify" : "decode", T, i, t, h, d, got, want, ratio);
                 }
     for (size_t e = 0; e < g->out_bytes / g->out_size; e++)
         if (!written[e])
@@ -674,6 +680,24 @@ GPU_MIXER_TEST(qwen3_next_heads_ring_f32_vllm_window, .HK = 16, .HV = 32, .strat
 GPU_MIXER_TEST(token_counts_ring_bf16_vllm_window, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_RING,
                .pool_dtype = GDN_DTYPE_BF16, .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_F32, .W = 4, .norm = 1,
                .vllm_layout = 1, .counts = 1, .ring_length = 4, .seed = 27)
+/* The ring's own decodes (ring_write_through -1), which append records; the suites above write their
+ * decodes through (the conv's default covers their grids), in the layer kernel's fold decode over the
+ * records. */
+GPU_MIXER_TEST(ring_own_decodes_f32_pool, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_RING, .pool_dtype = GDN_DTYPE_F32,
+               .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .bias = 1, .ring_length = 4,
+               .ring_write_through = -1, .seed = 41)
+GPU_MIXER_TEST(ring_own_decodes_qwen3_next_heads_bf16, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_RING,
+               .pool_dtype = GDN_DTYPE_BF16, .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1,
+               .bias = 1, .ring_length = 4, .ring_write_through = -1, .steps = 8, .seed = 43)
+/* A ring of 32 filled by verifies that accept every token, then decodes that write it through: on
+ * two value heads one-warp CTAs, where a full ring's 32 records and the own token outnumber the
+ * threads. */
+GPU_MIXER_TEST(ring_32_filled_then_written_through_bf16, .HK = 1, .HV = 2, .strategy = GDN_VERIFY_RING,
+               .pool_dtype = GDN_DTYPE_BF16, .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1,
+               .bias = 1, .ring_length = 32, .min_rows = 6, .max_rows = 6, .fill_steps = 8, .steps = 20, .seed = 43)
+GPU_MIXER_TEST(ring_32_filled_then_written_through_f32, .HK = 1, .HV = 2, .strategy = GDN_VERIFY_RING,
+               .pool_dtype = GDN_DTYPE_F32, .weight_dtype = GDN_DTYPE_F32, .out_dtype = GDN_DTYPE_F32, .W = 3, .norm = 1,
+               .ring_length = 32, .min_rows = 6, .max_rows = 6, .fill_steps = 8, .steps = 20, .seed = 44)
 /* Ring trees: each node's conv follows its path over the records; the commit by node moves the
  * path's records (raw x with them) to the ring's front. */
 GPU_MIXER_TEST(token_trees_ring, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_RING, .pool_dtype = GDN_DTYPE_F32,
@@ -704,6 +728,9 @@ GPU_MIXER_TEST(big_grids_cache_f32_width_3, .HK = 16, .HV = 32, .strategy = GDN_
 GPU_MIXER_TEST(big_grids_ring_bf16, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_RING, .pool_dtype = GDN_DTYPE_BF16,
                .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .bias = 1, .ring_length = 4,
                .min_rows = 16, .max_rows = 32, .steps = 6, .seed = 36)
+GPU_MIXER_TEST(big_grids_ring_bf16_own_decodes, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_RING,
+               .pool_dtype = GDN_DTYPE_BF16, .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1,
+               .ring_length = 4, .ring_write_through = -1, .min_rows = 16, .max_rows = 32, .steps = 6, .seed = 45)
 GPU_MIXER_TEST(big_grids_ring_f32_vllm_window, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_RING, .pool_dtype = GDN_DTYPE_F32,
                .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_F32, .W = 4, .norm = 1, .vllm_layout = 1,
                .ring_length = 4, .min_rows = 16, .max_rows = 32, .steps = 6, .seed = 37)
