@@ -214,24 +214,23 @@ Test(config, ring_write_through_is_checked_and_resolved)
     }
 }
 
-/* The default ring_write_through with the mixer's conv follows the state dtype
- * (GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16 / _F32 row-heads); the norm alone keeps the plain default;
- * -1 and row counts stay as given. */
-Test(config, ring_write_through_default_follows_the_conv_and_the_state_dtype)
+/* The default ring_write_through with the mixer's conv covers every decode step (max_batch rows),
+ * whatever the state dtype; the norm alone keeps the plain default (GDN_RING_WRITE_THROUGH_HEADS
+ * row-heads); -1 and row counts stay as given. heads -1: max_batch rows. */
+Test(config, ring_write_through_default_covers_every_step_with_the_conv)
 {
     const struct {
         gdn_dtype state;
         int32_t conv_width, use_norm, option, heads;
     } cases[] = {
-        {GDN_DTYPE_BF16, 4, 1, 0, GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16},
-        {GDN_DTYPE_F32, 4, 1, 0, GDN_RING_WRITE_THROUGH_HEADS_CONV_F32},
-        {GDN_DTYPE_BF16, 2, 0, 0, GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16},
+        {GDN_DTYPE_BF16, 4, 1, 0, -1},
+        {GDN_DTYPE_F32, 4, 1, 0, -1},
+        {GDN_DTYPE_BF16, 2, 0, 0, -1},
         {GDN_DTYPE_BF16, 0, 1, 0, GDN_RING_WRITE_THROUGH_HEADS},
         {GDN_DTYPE_F32, 0, 1, 0, GDN_RING_WRITE_THROUGH_HEADS},
         {GDN_DTYPE_BF16, 4, 1, -1, 0},
         {GDN_DTYPE_F32, 4, 1, 3, 0},
     };
-    cr_assert_neq(GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16, GDN_RING_WRITE_THROUGH_HEADS_CONV_F32);
     for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
         gdn_engine_config c = valid();
         c.verify_strategy = GDN_VERIFY_RING;
@@ -241,7 +240,7 @@ Test(config, ring_write_through_default_follows_the_conv_and_the_state_dtype)
         c.ring_write_through = cases[n].option;
         gdn_engine *e = NULL;
         cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK, "case %zu", n);
-        const int32_t rows = cases[n].heads / c.model.num_v_heads;
+        const int32_t rows = cases[n].heads < 0 ? c.max_batch : cases[n].heads / c.model.num_v_heads;
         const int32_t expected = cases[n].option ? cases[n].option : rows > 0 ? rows : -1;
         cr_assert_eq(gdn_engine_get_config(e)->ring_write_through, expected, "case %zu: %d rows, wanted %d", n,
                      gdn_engine_get_config(e)->ring_write_through, expected);

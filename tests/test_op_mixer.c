@@ -577,11 +577,8 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
         } else if (kind == GDN_STEP_DECODE) {
             cr_assert_eq(gdn__ref_mixer_run(&mx->m, cur, 1, x, a, b, z, out), GDN_OK);
             /* The op's default ring_write_through: steps of at most 128 row-heads write every row back,
-             * with the conv the conv's row-heads for the pool dtype (gdn.h). */
-            const int32_t through_heads = mx->cfg.no_conv                      ? GDN_RING_WRITE_THROUGH_HEADS
-                                          : mx->cfg.pool_dtype == GDN_DTYPE_BF16 ? GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16
-                                                                                 : GDN_RING_WRITE_THROUGH_HEADS_CONV_F32;
-            const int through = mx->cfg.write_through && B <= through_heads / HV;
+             * with the conv every step (gdn.h). */
+            const int through = mx->cfg.write_through && (!mx->cfg.no_conv || B <= GDN_RING_WRITE_THROUGH_HEADS / HV);
             if (strategy == GDN_VERIFY_RING && !fork && !through && pending + 1 < RING_LENGTH) { /* a record */
                 const size_t at = (size_t)(slot_state(mx, w) - mx->pool);
                 cr_assert_eq(memcmp(mx->pool + at, pool0 + at, (size_t)mx->state_elems * pool_size(mx)), 0,
@@ -920,8 +917,8 @@ SEQUENCE_TEST(bf16_pool_fold, TINY(GDN_VERIFY_FOLD, 152), .pool_dtype = GDN_DTYP
 SEQUENCE_TEST(bf16_pool_ring, TINY(GDN_VERIFY_RING, 153), .pool_dtype = GDN_DTYPE_BF16)
 SEQUENCE_TEST(write_through_ring, TINY(GDN_VERIFY_RING, 154), .write_through = 1, .vllm_layout = 1)
 SEQUENCE_TEST(write_through_bf16_pool_ring, TINY(GDN_VERIFY_RING, 155), .write_through = 1, .pool_dtype = GDN_DTYPE_BF16)
-/* 64 value heads: the plain default would cover 2 rows, the conv's covers every step here (1-4 rows:
- * fp32 8, bf16 128), and without the conv the 3-4-row decodes append records. */
+/* 64 value heads: the plain default would cover 2 rows, the conv's covers every step, and without the
+ * conv the 3-4-row decodes append records. */
 SEQUENCE_TEST(write_through_conv_default_ring, .HK = 16, .HV = 64, .K = 64, .V = 64, TINY(GDN_VERIFY_RING, 156),
               .write_through = 1)
 SEQUENCE_TEST(write_through_conv_default_bf16_pool_ring, .HK = 16, .HV = 64, .K = 64, .V = 64, TINY(GDN_VERIFY_RING, 157),

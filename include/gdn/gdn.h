@@ -166,8 +166,8 @@ typedef enum gdn_verify_strategy {
      * whose write slot differs from its read slot, writes the state back first. The pool therefore
      * lags for slots with ring records: reading a state through the API writes the slot's ring back
      * first. With bf16 state the state is rounded only at write-backs (closer to float64 than the
-     * other strategies). Decode steps of few rows (with the mixer's conv, of up to 8192 row-heads with
-     * bf16 state) write every row back (ring_write_through below).
+     * other strategies). Decode steps of few rows (with the mixer's conv, every decode step) write
+     * every row back (ring_write_through below).
      * When each strategy wins: README and bench/results. Both backends. */
     GDN_VERIFY_RING = 3,
 } gdn_verify_strategy;
@@ -177,11 +177,8 @@ typedef enum gdn_verify_strategy {
 #define GDN_MAX_RING_LENGTH 32
 #define GDN_DEFAULT_RING_LENGTH 16
 /* Ring strategy: the default ring_write_through covers decode steps of at most this many row-heads
- * (rows x num_v_heads); with the mixer's conv, whose ring decode redoes the conv over the records in
- * every CTA, up to the CONV row-heads for the state dtype. */
+ * (rows x num_v_heads); with the mixer's conv it covers every decode step (ring_write_through). */
 #define GDN_RING_WRITE_THROUGH_HEADS 128
-#define GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16 8192
-#define GDN_RING_WRITE_THROUGH_HEADS_CONV_F32 512
 
 /* When the CUDA backend captures a step's CUDA graph (one per bucket, T and step kind; a verify step
  * with token_counts or parents, gdn_step, has its own, captured on its first use in every mode). */
@@ -297,9 +294,10 @@ typedef struct gdn_engine_config {
      * step is bound by its latency chain, not by the state's bytes, and the write-back costs nothing
      * there while the ring's preparation does. With bf16 state such steps round the state to bf16
      * each time, like the cache strategy. 0: the default, steps of at most 128 / num_v_heads rows
-     * (GDN_RING_WRITE_THROUGH_HEADS row-heads; with the mixer's conv GDN_RING_WRITE_THROUGH_HEADS_CONV_BF16
-     * or _F32 for the state dtype; the measurements: bench/results, README); -1: never
-     * (the ring's rounding at write-backs only). Checked for every strategy (GDN_ECONFIG_RING_WRITE_THROUGH
+     * (GDN_RING_WRITE_THROUGH_HEADS row-heads), and with the mixer's conv every step (max_batch
+     * rows): its ring decode redoes the conv over the records in every CTA, while a decode that
+     * writes through folds the records as the fold strategy's decode does (the measurements:
+     * bench/results, README); -1: never (the ring's rounding at write-backs only). Checked for every strategy (GDN_ECONFIG_RING_WRITE_THROUGH
      * below -1); gdn_engine_get_config reports the row count chosen, or -1. The environment variable
      * GDN_RING_WRITE_THROUGH=0 also turns it off (A/B runs). */
     int32_t ring_write_through;
