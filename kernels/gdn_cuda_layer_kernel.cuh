@@ -468,8 +468,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     float st[RT][NV][EV];
     /* Large grids (the most state per thread) are bandwidth-bound: the step's inputs are better
      * loaded beside the state, so they wait first; small grids are latency-bound: their state loads
-     * go out before the wait. */
-    constexpr bool STATE_BEFORE_WAIT = FOLD || REGS != big_regs<S>();
+     * go out before the wait. The mixer's instances stage their inputs in shared memory whatever the
+     * grid, and their state loads go out before the wait too: the cache strategy's big mixer decode
+     * and verify measured faster so (bench/results/2026-11-29-h200-ring-write-through-fold.md). */
+    constexpr bool STATE_BEFORE_WAIT = FOLD || MIXER || REGS != big_regs<S>();
     if constexpr (!STATE_BEFORE_WAIT) {
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
