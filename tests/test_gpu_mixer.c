@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "engine/backend_impl.h"
+#include "engine/op_impl.h"
 #include "gdn/gdn_op.h"
 #include "kernels/dtype_convert.h"
 #include "kernels/ref/gdn_spec.h"
@@ -38,7 +39,8 @@ typedef struct gm_cfg {
     int trees;                     /* verify steps are token trees, committed by accepted node */
     int32_t ring_length;           /* the ring strategy's L (0: the default) */
     int32_t ring_write_through;    /* gdn_op_layer's (0: the default; -1: the ring's own decodes) */
-    int32_t fill_steps;            /* the first fill_steps steps verify MAX_T tokens in slots 0..B-1 and accept them all */
+    int32_t fill_steps;            /* the first fill_steps steps verify MAX_T tokens in slots 0..B-1 and accept them all;
+                                    * the next decodes those slots, and a full ring must be among them */
     int32_t min_rows, max_rows;    /* a step's rows: min_rows..max_rows (0: 1..DEFAULT_ROWS) */
     int32_t steps;
     uint64_t seed;
@@ -293,8 +295,8 @@ static void run_step(gm_run *run, int step)
     const gm_cfg *c = &run->cfg;
     const gm_shape *g = &run->g;
     gm_side *sides = run->side;
-    const int filling = step < c->fill_steps;
-    const int verify = filling || test_rng_below(&run->rng, 2);
+    const int filling = step < c->fill_steps, after_fill = c->fill_steps > 0 && step == c->fill_steps;
+    const int verify = filling || (!after_fill && test_rng_below(&run->rng, 2));
     const int32_t T = filling ? MAX_T : verify ? 2 + test_rng_below(&run->rng, MAX_T - 1) : 1;
     const int32_t B = g->min_rows + test_rng_below(&run->rng, g->max_rows - g->min_rows + 1);
     /* distinct slots from 0..spare_slot-1; a row may write another unused slot; one may be padding */
@@ -309,8 +311,15 @@ static void run_step(gm_run *run, int step)
     for (int32_t i = 0; i < B; i++) rows[i] = perm[next++];
     for (int32_t i = 0; i < B; i++) writes[i] = next < spare && test_rng_below(&run->rng, 4) == 0 ? perm[next++] : rows[i];
     if (B > 1 && test_rng_below(&run->rng, 3) == 0) rows[test_rng_below(&run->rng, B)] = -1;
-    if (filling) /* the same slots every time, in place: their rings fill */
+    if (filling || after_fill) /* the same slots every time, in place: their rings fill */
         for (int32_t i = 0; i < B; i++) rows[i] = writes[i] = i;
+    if (after_fill) { /* the decode meets at least one full ring (its records and token outnumber a warp) */
+        const gdn__op_layout l = gdn__op_layout_of(&sides[1].op, 0);
+        int32_t count[SLOTS_CAP], full = 0;
+        get(&sides[1], count, (const char *)sides[1].ws + l.counts, (size_t)g->num_slots * sizeof(int32_t));
+        for (int32_t i = 0; i < B; i++) full += rows[i] >= 0 && count[rows[i]] == l.ring_capacity;
+        cr_assert_gt(full, 0, "step %d: no row of the decode after the fill has a full ring of %d records", step, l.ring_capacity);
+    }
     /* with counts: row 0 has n = 1 (a decode row inside the verify), the others 1..T */
     const int with_counts = verify && c->counts;
     for (int32_t i = 0; i < B; i++) counts[i] = with_counts ? (i == 0 ? 1 : 1 + test_rng_below(&run->rng, T)) : T;
@@ -421,9 +430,11 @@ static void run_sequence(const gm_cfg *cfg)
     gm_run run;
     run_create(&run, cfg);
     const int32_t steps = test_scaled_steps(cfg->steps ? cfg->steps : 16);
+    /* (the check after a copy writes every ring back: not before a fill's decode) */
+    const int32_t copy_step = steps / 2 > cfg->fill_steps ? steps / 2 : cfg->fill_steps + 1;
     for (int step = 0; step < steps; step++) {
         run_step(&run, step);
-        if (step == steps / 2) { /* a slot copy and a reset, both sides */
+        if (step == copy_step) { /* a slot copy and a reset, both sides */
             for (int n = 0; n < 2; n++) {
                 cr_assert_eq(gdn_op_slot_copy(&run.side[n].op, 7, 2, NULL), GDN_OK);
                 cr_assert_eq(gdn_op_slot_reset(&run.side[n].op, 5, NULL), GDN_OK);
