@@ -24,6 +24,9 @@ How the two sides line up (read from the transformers source):
   - norm: Qwen3NextRMSNormGated(V, eps)(o, z) = w * o * rsqrt(mean(o^2) + eps) * silu(z) per head.
   - HF has no verify: the reference runs the T tokens for the outputs and the accepted prefix for
     the state. With bf16 state the reference's state is rounded to bf16 once per call (SPEC 4).
+  - strategies: cache and fold with fp32 and bf16 state; the ring with fp32 state twice, "ring"
+    (ring_write_through -1: its decodes append records) and "ring-through" (the default, whose
+    decodes with the conv write every row back).
 
 Modes:
   --self-test       numpy only (no torch): a numpy port of the same three functions stands in for
