@@ -512,10 +512,10 @@ int gdn_bench_engine_main(int argc, char **argv)
                            : rc->verify_strategy == GDN_VERIFY_RING ? "ring"
                                                                     : "cache";
     const int32_t ring_len = rc->verify_strategy == GDN_VERIFY_RING ? rc->ring_length : 0;
-    char ring_note[128] = "";
+    char ring_note[160] = "", through[48] = "no decode writes through";
+    if (rc->ring_write_through > 0) snprintf(through, sizeof through, "decodes write through up to %d rows", rc->ring_write_through);
     if (ring_len)
-        snprintf(ring_note, sizeof ring_note, " (ring length %d, decodes write through up to %d rows; GPU times: means over whole ring cycles)",
-                 ring_len, rc->ring_write_through > 0 ? rc->ring_write_through : 0);
+        snprintf(ring_note, sizeof ring_note, " (ring length %d, %s; GPU times: means over whole ring cycles)", ring_len, through);
     printf("engine: qwen3-next x %d layers%s, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify%s; created"
            " in %.0f ms (graphs included); host timed in bursts of %d steps\n", layers,
            mixer      ? (!mixer_norm ? " (mixer step: conv W 4, no norm)"
