@@ -430,6 +430,13 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     /* The window's and x's moves in 16-byte pieces in the fold verifies and the big decodes; the small
      * decodes and the cache verifies measured slower so (gdn_cuda_mixer.cuh). */
     constexpr bool WIDE_MOVES = ONE_TOKEN ? REGS == big_regs<S>() : FOLD;
+    /* The big decodes with bf16 state (large grids) issue their state loads before the mixer's
+     * parameter and window copies, and slide their conv's taps as a chain verify does (a decode is
+     * never a tree): measured faster so, and 16-byte copies slower (bench/results/
+     * 2026-11-29-h200-mixer-decode-state-first.md). Not the ring's write-through decode (slower so),
+     * nor fp32 state (the sliding pass spilled); the small decodes keep the code measured at bucket 1
+     * (2026-11-27-h100-mixer-verify-conv.md). */
+    constexpr bool BIG_MIXER_DECODE = MIXER && ONE_TOKEN && !RING && REGS == big_regs<S>() && sizeof(S) == 2;
     const int64_t token_elems = RING_FOLD ? gdn__mixer_record_bytes(p.mixer.conv_dim, HV, V) / (int64_t)sizeof(I)
                                 : conv    ? gdn__mixer_token_elems(p.mixer.conv_dim, HV)
                                           : gdn__token_elems(HK, HV, K, V);
@@ -451,7 +458,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     };
     /* Before the wait for the preceding kernel (which writes this step's inputs; overlap_preceding):
      * only what no kernel of the step writes before this one, slot r's stored tokens, window and state. */
-    if constexpr (SHARED) {
+    if constexpr (SHARED && !BIG_MIXER_DECODE) {
         if constexpr (MIXER) { /* layer parameters and slot r's window: asynchronous copies */
             if (conv) stage_conv_params(p, mc, mixer_base + parts.weights, mixer_base + parts.bias);
             if (window_async) stage_window_async<I>(p, mc, raw, r);
@@ -481,6 +488,12 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * not wait for the count (most steps find none). */
     const int ring_records = RING && !MIXER ? min(max(p.ring_count[r], 0), p.ring_capacity) : 0;
     load_rows<K, S, Geo, WORDS>(src, st, row0, glane);
+    if constexpr (BIG_MIXER_DECODE) { /* (the same, once the state's loads are out) */
+        if (conv) stage_conv_params(p, mc, mixer_base + parts.weights, mixer_base + parts.bias);
+        if (window_async) stage_window_async<I>(p, mc, raw, r);
+        if (norm) copy_words_async(norm_w_sh, p.mixer.norm_weight, V * 4);
+        for (int j = warp; j < (STAGE_PENDING ? 0 : own0); j += warps) stage_stored(j);
+    }
     /* The big-grid cache decode (it waits before its state loads) reads its token's inputs right
      * behind them, with no branch between them and the token's use (the token loop's live and
      * parent tests are compile-time there), so that both are in flight together: read in the token
@@ -664,8 +677,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         else gdn__copy_async_wait_all();
         if (conv) {
             __syncthreads(); /* the whole raw sequence (each thread waited for its own copies) */
-            if (!ONE_TOKEN && !p.parents)
-                conv_pass_sliding<I, true, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s);
+            if (BIG_MIXER_DECODE || (!ONE_TOKEN && !p.parents))
+                conv_pass_sliding<I, !RING_FOLD, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T,
+                                                            s, own0);
             else
                 conv_pass_gathered<I, !RING_FOLD, FAST_SILU_GATHERED>(p, mc, raw, mixer_base + parts.weights,
                                                                        mixer_base + parts.bias, seq, T, s,
