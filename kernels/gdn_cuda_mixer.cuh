@@ -199,8 +199,9 @@ template <bool FAST = false> __device__ __forceinline__ float silu(float x)
  * tokens, into the prepared rows (k^ and q^ before their norms, v final). With a token tree
  * (row_parents: the row's parents, or NULL for a chain) an own token's taps follow its path: its
  * parent, grandparent, ..., then the positions before the own tokens. Each output gathers its taps
- * (the decode's one position a channel; trees); a chain verify slides them (conv_pass_sliding). The
- * caller syncs. STORED_V false (the ring: its records keep their corrections): no v of the stored
+ * (trees; the decodes of small grids, of fp32 state and the ring's write-through, one position a
+ * channel); chain verifies and the other decodes slide them (conv_pass_sliding). The caller syncs.
+ * STORED_V false (the ring: its records keep their corrections): no v of the stored
  * tokens, and the own tokens' k and v rows start at ring_own_row0, not at seq.own0 (their place in
  * the raw copy), so that s.v's rows before ring_own_row0 may be another buffer's. FAST_SILU: silu's
  * approximate form. */
@@ -256,8 +257,8 @@ __device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, c
     }
 }
 
-/* The same conv for a chain verify (no parents): every channel's taps slide along its sequence in
- * registers, one shared read a position instead of W. Weights and taps are aligned to the newest
+/* The same conv for a chain (no parents: a chain verify, the big bf16 decodes): every channel's taps
+ * slide along its sequence in registers, one shared read a position instead of W. Weights and taps are aligned to the newest
  * tap (index GDN__MAX_CONV_WIDTH - 1), so that the runtime W indexes nothing at run time. */
 template <typename I, bool STORED_V = true, bool FAST_SILU = false>
 __device__ __forceinline__ void conv_pass_sliding(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
