@@ -488,7 +488,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * not wait for the count (most steps find none). */
     const int ring_records = RING && !MIXER ? min(max(p.ring_count[r], 0), p.ring_capacity) : 0;
     load_rows<K, S, Geo, WORDS>(src, st, row0, glane);
-    if constexpr (BIG_MIXER_DECODE) { /* (the same, once the state's loads are out) */
+    /* The same copies, once the state's loads are out (written twice: as one lambda called at either
+     * place, the machine code of every other instance changed). */
+    if constexpr (BIG_MIXER_DECODE) {
         if (conv) stage_conv_params(p, mc, mixer_base + parts.weights, mixer_base + parts.bias);
         if (window_async) stage_window_async<I>(p, mc, raw, r);
         if (norm) copy_words_async(norm_w_sh, p.mixer.norm_weight, V * 4);
@@ -677,9 +679,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         else gdn__copy_async_wait_all();
         if (conv) {
             __syncthreads(); /* the whole raw sequence (each thread waited for its own copies) */
-            if (BIG_MIXER_DECODE || (!ONE_TOKEN && !p.parents))
-                conv_pass_sliding<I, !RING_FOLD, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T,
-                                                            s, own0);
+            if (BIG_MIXER_DECODE || (!ONE_TOKEN && !p.parents)) /* (neither is the ring's) */
+                conv_pass_sliding<I, true, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s);
             else
                 conv_pass_gathered<I, !RING_FOLD, FAST_SILU_GATHERED>(p, mc, raw, mixer_base + parts.weights,
                                                                        mixer_base + parts.bias, seq, T, s,

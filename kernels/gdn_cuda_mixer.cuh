@@ -201,10 +201,9 @@ template <bool FAST = false> __device__ __forceinline__ float silu(float x)
  * parent, grandparent, ..., then the positions before the own tokens. Each output gathers its taps
  * (trees; the decodes of small grids, of fp32 state and the ring's write-through, one position a
  * channel); chain verifies and the other decodes slide them (conv_pass_sliding). The caller syncs.
- * STORED_V false (the ring: its records keep their corrections): no v of the stored
- * tokens, and the own tokens' k and v rows start at ring_own_row0, not at seq.own0 (their place in
- * the raw copy), so that s.v's rows before ring_own_row0 may be another buffer's. FAST_SILU: silu's
- * approximate form. */
+ * STORED_V false (the ring: its records keep their corrections): no v of the stored tokens, and the
+ * own tokens' k and v rows start at ring_own_row0, not at seq.own0 (their place in the raw copy), so
+ * that s.v's rows before ring_own_row0 may be another buffer's. FAST_SILU: silu's approximate form. */
 template <typename I, bool STORED_V = true, bool FAST_SILU = false>
 __device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                                    const char *weights_sh, const char *bias_sh,
@@ -258,8 +257,9 @@ __device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, c
 }
 
 /* The same conv for a chain (no parents: a chain verify, the big bf16 decodes): every channel's taps
- * slide along its sequence in registers, one shared read a position instead of W. Weights and taps are aligned to the newest
- * tap (index GDN__MAX_CONV_WIDTH - 1), so that the runtime W indexes nothing at run time. */
+ * slide along its sequence in registers, one shared read a position instead of W. Weights and taps
+ * are aligned to the newest tap (index GDN__MAX_CONV_WIDTH - 1), so that the runtime W indexes
+ * nothing at run time. */
 template <typename I, bool STORED_V = true, bool FAST_SILU = false>
 __device__ __forceinline__ void conv_pass_sliding(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                                   const char *weights_sh, const char *bias_sh, const mixer_sequence &seq,
