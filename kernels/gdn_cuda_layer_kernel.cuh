@@ -430,13 +430,17 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     /* The window's and x's moves in 16-byte pieces in the fold verifies and the big decodes; the small
      * decodes and the cache verifies measured slower so (gdn_cuda_mixer.cuh). */
     constexpr bool WIDE_MOVES = ONE_TOKEN ? REGS == big_regs<S>() : FOLD;
-    /* The big decodes with bf16 state (large grids) issue their state loads before the mixer's
-     * parameter and window copies, and slide their conv's taps as a chain verify does (a decode is
-     * never a tree): measured faster so, and 16-byte copies slower (bench/results/
-     * 2026-11-29-h200-mixer-decode-state-first.md). Not the ring's write-through decode (slower so),
-     * nor fp32 state (the sliding pass spilled); the small decodes keep the code measured at bucket 1
-     * (2026-11-27-h100-mixer-verify-conv.md). */
+    /* The mixer's instances stage the conv weights, bias, window and norm weight before the wait
+     * (layer parameters and slot r's window). STATE_FIRST: its decodes with bf16 state and its big
+     * verifies (large grids) but the bf16 cache one issue their state's loads before those copies;
+     * the big bf16 decodes also slide their conv's taps as a chain verify does (a decode is never a
+     * tree). Measured faster so, the other instances slower or level, and 16-byte copies slower
+     * (bench/results/2026-11-29-h200-mixer-decode-state-first.md). Not the ring's write-through
+     * decode (slower so); with fp32 state the sliding pass spilled. */
     constexpr bool BIG_MIXER_DECODE = MIXER && ONE_TOKEN && !RING && REGS == big_regs<S>() && sizeof(S) == 2;
+    constexpr bool STATE_FIRST =
+        MIXER && !RING &&
+        ((ONE_TOKEN && sizeof(S) == 2) || (!ONE_TOKEN && REGS == big_regs<S>() && (FOLD || sizeof(S) == 4)));
     const int64_t token_elems = RING_FOLD ? gdn__mixer_record_bytes(p.mixer.conv_dim, HV, V) / (int64_t)sizeof(I)
                                 : conv    ? gdn__mixer_token_elems(p.mixer.conv_dim, HV)
                                           : gdn__token_elems(HK, HV, K, V);
@@ -458,7 +462,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     };
     /* Before the wait for the preceding kernel (which writes this step's inputs; overlap_preceding):
      * only what no kernel of the step writes before this one, slot r's stored tokens, window and state. */
-    if constexpr (SHARED && !BIG_MIXER_DECODE) {
+    if constexpr (SHARED && !STATE_FIRST) {
         if constexpr (MIXER) { /* layer parameters and slot r's window: asynchronous copies */
             if (conv) stage_conv_params(p, mc, mixer_base + parts.weights, mixer_base + parts.bias);
             if (window_async) stage_window_async<I>(p, mc, raw, r);
@@ -490,7 +494,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     load_rows<K, S, Geo, WORDS>(src, st, row0, glane);
     /* The same copies, once the state's loads are out (written twice: as one lambda called at either
      * place, the machine code of every other instance changed). */
-    if constexpr (BIG_MIXER_DECODE) {
+    if constexpr (STATE_FIRST) {
         if (conv) stage_conv_params(p, mc, mixer_base + parts.weights, mixer_base + parts.bias);
         if (window_async) stage_window_async<I>(p, mc, raw, r);
         if (norm) copy_words_async(norm_w_sh, p.mixer.norm_weight, V * 4);
