@@ -433,8 +433,8 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     /* The mixer's instances stage the conv weights, bias, window and norm weight before the wait
      * (layer parameters and slot r's window). STATE_FIRST: its decodes with bf16 state and its big
      * verifies (large grids) but the bf16 cache one issue their state's loads before those copies;
-     * the big bf16 decodes also slide their conv's taps as a chain verify does (a decode is never a
-     * tree). Measured faster so, the other instances slower or level, and 16-byte copies slower
+     * the big bf16 decodes that fold also slide their conv's taps as a chain verify does (a decode
+     * is never a tree; with nothing to fold every decode takes conv_pass_decode). Measured faster so, the other instances slower or level, and 16-byte copies slower
      * (bench/results/2026-11-29-h200-mixer-decode-state-first.md). Not the ring's write-through
      * decode (slower so); with fp32 state the sliding pass spilled. */
     constexpr bool BIG_MIXER_DECODE = MIXER && ONE_TOKEN && !RING && REGS == big_regs<S>() && sizeof(S) == 2;
@@ -683,7 +683,9 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         else gdn__copy_async_wait_all();
         if (conv) {
             __syncthreads(); /* the whole raw sequence (each thread waited for its own copies) */
-            if (BIG_MIXER_DECODE || (!ONE_TOKEN && !p.parents)) /* (neither is the ring's) */
+            if (ONE_TOKEN && folds == 0)
+                conv_pass_decode<I, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, own0, s);
+            else if (BIG_MIXER_DECODE || (!ONE_TOKEN && !p.parents)) /* (neither is the ring's) */
                 conv_pass_sliding<I, true, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s);
             else
                 conv_pass_gathered<I, !RING_FOLD, FAST_SILU_GATHERED>(p, mc, raw, mixer_base + parts.weights,

@@ -199,8 +199,10 @@ template <bool FAST = false> __device__ __forceinline__ float silu(float x)
  * tokens, into the prepared rows (k^ and q^ before their norms, v final). With a token tree
  * (row_parents: the row's parents, or NULL for a chain) an own token's taps follow its path: its
  * parent, grandparent, ..., then the positions before the own tokens. Each output gathers its taps
- * (trees; the decodes of small grids, of fp32 state and the ring's write-through, one position a
- * channel); chain verifies and the other decodes slide them (conv_pass_sliding). The caller syncs.
+ * (trees; the decodes that fold, on small grids, with fp32 state and in the ring's write-through,
+ * one position a channel); chain verifies and the big bf16 decodes that fold slide them
+ * (conv_pass_sliding); a decode with nothing to fold loads its W taps at once (conv_pass_decode).
+ * The caller syncs.
  * STORED_V false (the ring: its records keep their corrections): no v of the stored tokens, and the
  * own tokens' k and v rows start at ring_own_row0, not at seq.own0 (their place in the raw copy), so
  * that s.v's rows before ring_own_row0 may be another buffer's. FAST_SILU: silu's approximate form. */
@@ -256,7 +258,7 @@ __device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, c
     }
 }
 
-/* The same conv for a chain (no parents: a chain verify, the big bf16 decodes): every channel's taps
+/* The same conv for a chain (no parents: a chain verify, the big bf16 decodes that fold): every channel's taps
  * slide along its sequence in registers, one shared read a position instead of W. Weights and taps
  * are aligned to the newest tap (index GDN__MAX_CONV_WIDTH - 1), so that the runtime W indexes
  * nothing at run time. */
@@ -298,6 +300,38 @@ __device__ __forceinline__ void conv_pass_sliding(const gdn__layer_params &p, co
             const int row = at < own_start ? at - seq.window_rows : own_row0 + (at - own_start);
             dst[(size_t)row * stride] = silu<FAST_SILU>(acc);
         }
+    }
+}
+
+/* The same conv for a decode with nothing to fold (every strategy's usual decode): one output a
+ * channel from its W taps (the window's rows, then the own token's, raw row own0 + W - 1), every
+ * tap's and weight's load issued before the first use, where the other passes wait for each tap in
+ * turn; measured faster in every decode instance (bench/results/2026-11-29-h200-mixer-decode-conv-taps.md).
+ * The same sums in the same order as the other passes. */
+template <typename I, bool FAST_SILU>
+__device__ __forceinline__ void conv_pass_decode(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
+                                                 const char *weights_sh, const char *bias_sh, int own0, shared_tokens &s)
+{
+    constexpr int MW = GDN__MAX_CONV_WIDTH;
+    const gdn__mixer_params &m = p.mixer;
+    const int W = m.conv_width, K = mc.K;
+    const I *const own_row = raw + (size_t)(W - 1 + own0) * mc.pitch;
+    for (int c = threadIdx.x; c < mc.width; c += blockDim.x) {
+        float w[MW], x[MW];
+#pragma unroll
+        for (int j = 0; j < MW; j++) { /* tap j - (MW - W): a window row, the last one the own token */
+            const int tap = j - (MW - W);
+            w[j] = tap >= 0 ? conv_param(weights_sh, m.conv_weight_dtype, (int64_t)c * W + tap) : 0.0f;
+            x[j] = tap >= 0 ? gdn__to_f32((tap < W - 1 ? raw + (size_t)tap * mc.pitch : own_row)[c]) : 0.0f;
+        }
+        float acc = m.conv_bias ? conv_param(bias_sh, m.conv_weight_dtype, c) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < MW; j++)
+            if (j >= MW - W) acc = fmaf(w[j], x[j], acc);
+        const float y = silu<FAST_SILU>(acc);
+        if (c < K) s.qhat[c] = y;
+        else if (c < 2 * K) s.khat[(size_t)own0 * K + (c - K)] = y;
+        else s.v[(size_t)own0 * mc.rows + (c - 2 * K)] = y;
     }
 }
 
