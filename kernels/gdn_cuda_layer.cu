@@ -114,3 +114,4 @@ extern "C" gdn_status gdn__cuda_layer_step(const gdn__layer_params *params, void
     if (p->ring && !ring_writes_through(p)) return gdn__cuda_ring_step(p, stream);
     return dispatch(p, static_cast<cudaStream_t>(stream), true);
 }
+GDN__PHASE_TRACE_DUMPER(layer)

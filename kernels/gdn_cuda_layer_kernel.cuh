@@ -57,6 +57,7 @@
 #include "gdn_cuda.h"
 #include "gdn_cuda_fold.cuh"
 #include "gdn_cuda_mixer.cuh"
+#include "gdn_phase_trace.cuh"
 #include "gdn_cuda_prepare.cuh"
 #include "gdn_cuda_rows.cuh"
 #include "gdn_cuda_tree.cuh"
@@ -339,6 +340,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     const int h = BIG_DECODE ? (int)blockIdx.x >> tiles_log2 : (int)(blockIdx.x / tiles_per_head);
     const int tile = BIG_DECODE ? (int)blockIdx.x & (tiles_per_head - 1) : (int)(blockIdx.x % tiles_per_head);
     const int64_t i = blockIdx.y;
+    GDN__PHASE_BEGIN();
     const int tile_row0 = tile * cta_rows;
     const int local_row0 = warp * Geo::ROWS_PER_WARP + group; /* row of rt = 0 within the first set */
     const int row0 = tile_row0 + local_row0;
@@ -500,6 +502,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         if (norm) copy_words_async(norm_w_sh, p.mixer.norm_weight, V * 4);
         for (int j = warp; j < (STAGE_PENDING ? 0 : own0); j += warps) stage_stored(j);
     }
+    GDN__PHASE(GDN__PHASE_ISSUED);
     /* The big-grid cache decode (it waits before its state loads) reads its token's inputs right
      * behind them, with no branch between them and the token's use (the token loop's live and
      * parent tests are compile-time there), so that both are in flight together: read in the token
@@ -569,6 +572,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
     if constexpr (STATE_BEFORE_WAIT) {
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
+        GDN__PHASE(GDN__PHASE_WAITED);
     }
     if (RING && !MIXER && ring_records > 0) /* uniform over the CTA */
         apply_ring_records<K, I, Geo>(p, st, r, h, kh, ring_records, row0, glane, A, dt_bias);
@@ -683,6 +687,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         else gdn__copy_async_wait_all();
         if (conv) {
             __syncthreads(); /* the whole raw sequence (each thread waited for its own copies) */
+            GDN__PHASE(GDN__PHASE_INPUTS);
             if (ONE_TOKEN && folds == 0)
                 conv_pass_decode<I, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, own0, s);
             else if (BIG_MIXER_DECODE || (!ONE_TOKEN && !p.parents)) /* (neither is the ring's) */
@@ -692,6 +697,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                                                                        mixer_base + parts.bias, seq, T, s,
                                                                        gdn__row_parents(p.parents, i, T), own0);
             __syncthreads();
+            GDN__PHASE(GDN__PHASE_CONV);
             for (int j = warp; j < tokens; j += warps) {
                 if (j >= own0) normalise_token<K, true>(p, s, j, j - own0, lane);
                 else if (j < folds) normalise_token<K, false>(p, s, j, 0, lane);
@@ -712,6 +718,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         }
         if (KEEP_KEYS && !EARLY_FOLD && threadIdx.x == 0) keys_last_cta = key_arrival == (uint32_t)(keep_heads * tiles_per_head) - 1u;
         __syncthreads();
+        GDN__PHASE(GDN__PHASE_PREPARED);
         if constexpr (KEEP_KEYS) { /* the counts' answers (above): the own keys and gates are in shared memory now */
             if (keys_last_cta) store_own_keys<K, I>(p, s, w, kh, keep_heads, T);
             if (threadIdx.x == 0) {
@@ -900,6 +907,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         if (!cache && !verifying())
             store_rows<K, S, Geo, DECAY_OUTSIDE>(static_cast<S *>(p.state) + w * p.slot_stride + h * state_elems, st,
                                                  decay, set_row0, glane);
+        GDN__PHASE(GDN__PHASE_SET0 + min(set, 3));
     }
 
     /* Ring write-through: slot w's ring is empty now. The row's last CTA says so, once every CTA has
@@ -939,6 +947,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
                 store_own_x<I, WIDE_MOVES>(mc, raw, seq, T, static_cast<I *>(p.token_store) + w * p.store_tokens * token_elems,
                                token_elems, 0, 2 * K);
         }
+        GDN__PHASE(GDN__PHASE_NORM);
         if (local_norm && T > 0) {
             finish_norm<I, O, false, !ONE_TOKEN>(p, i, h, T, o_sh, V, z_sh, norm_w_sh, out, out_base);
         } else if (norm && T > 0) {
@@ -957,6 +966,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             }
         }
     }
+    GDN__PHASE_FINISH();
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -17,3 +17,4 @@ extern "C" gdn_status gdn__cuda_mixer_step(const gdn__layer_params *p, void *str
     const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
     GDN__MIXER_DISPATCH(launch_mixer)
 }
+GDN__PHASE_TRACE_DUMPER(mixer)
