@@ -414,6 +414,20 @@ static int tp_main(const gdn_engine_config *base, int tp, const int32_t *tokens,
     return 0;
 }
 
+#ifdef GDN_PHASE_TRACE
+/* A -Dphase_trace=true build (kernels/gdn_phase_trace.cuh): the layer kernels' last records. */
+void gdn__phase_trace_dump_layer(const char *path);
+void gdn__phase_trace_dump_mixer(const char *path);
+static void dump_phase_trace(void)
+{
+    const char *dir = getenv("GDN_PHASE_TRACE_DIR");
+    char path[4096];
+    if (!dir) return;
+    snprintf(path, sizeof path, "%s/layer.bin", dir), gdn__phase_trace_dump_layer(path);
+    snprintf(path, sizeof path, "%s/mixer.bin", dir), gdn__phase_trace_dump_mixer(path);
+}
+#endif
+
 int gdn_bench_engine_main(int argc, char **argv)
 {
     gdn_dtype state = GDN_DTYPE_BF16;
@@ -593,6 +607,9 @@ int gdn_bench_engine_main(int argc, char **argv)
     }
     cudaStreamDestroy(s);
     free(slots), free(accepted);
+#ifdef GDN_PHASE_TRACE
+    dump_phase_trace();
+#endif
     gdn_engine_destroy(e);
     return 0;
 }
