@@ -436,9 +436,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
      * (layer parameters and slot r's window). STATE_FIRST: its decodes with bf16 state and its big
      * verifies (large grids) but the bf16 cache one issue their state's loads before those copies;
      * the big bf16 decodes that fold also slide their conv's taps as a chain verify does (a decode
-     * is never a tree; with nothing to fold every decode takes conv_pass_decode). Measured faster so, the other instances slower or level, and 16-byte copies slower
-     * (bench/results/2026-11-29-h200-mixer-decode-state-first.md). Not the ring's write-through
-     * decode (slower so); with fp32 state the sliding pass spilled. */
+     * is never a tree; with nothing to fold every decode takes conv_pass_decode). Measured faster
+     * so, the other instances slower or level, and 16-byte copies slower (bench/results/
+     * 2026-11-29-h200-mixer-decode-state-first.md). Not the ring's write-through decode (slower
+     * so); with fp32 state the sliding pass spilled. */
     constexpr bool BIG_MIXER_DECODE = MIXER && ONE_TOKEN && !RING && REGS == big_regs<S>() && sizeof(S) == 2;
     constexpr bool STATE_FIRST =
         MIXER && !RING &&

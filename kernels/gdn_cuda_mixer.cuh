@@ -258,10 +258,10 @@ __device__ __forceinline__ void conv_pass_gathered(const gdn__layer_params &p, c
     }
 }
 
-/* The same conv for a chain (no parents: a chain verify, the big bf16 decodes that fold): every channel's taps
- * slide along its sequence in registers, one shared read a position instead of W. Weights and taps
- * are aligned to the newest tap (index GDN__MAX_CONV_WIDTH - 1), so that the runtime W indexes
- * nothing at run time. */
+/* The same conv for a chain (no parents: a chain verify, the big bf16 decodes that fold): every
+ * channel's taps slide along its sequence in registers, one shared read a position instead of W.
+ * Weights and taps are aligned to the newest tap (index GDN__MAX_CONV_WIDTH - 1), so that the runtime
+ * W indexes nothing at run time. */
 template <typename I, bool STORED_V = true, bool FAST_SILU = false>
 __device__ __forceinline__ void conv_pass_sliding(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                                   const char *weights_sh, const char *bias_sh, const mixer_sequence &seq,
@@ -306,8 +306,8 @@ __device__ __forceinline__ void conv_pass_sliding(const gdn__layer_params &p, co
 /* The same conv for a decode with nothing to fold (every strategy's usual decode): one output a
  * channel from its W taps (the window's rows, then the own token's, raw row own0 + W - 1), every
  * tap's and weight's load issued before the first use, where the other passes wait for each tap in
- * turn; measured faster in every decode instance (bench/results/2026-11-29-h200-mixer-decode-conv-taps.md).
- * The same sums in the same order as the other passes. */
+ * turn; measured faster in every decode instance (bench/results/
+ * 2026-11-29-h200-mixer-decode-conv-taps.md). The same sums in the same order as the other passes. */
 template <typename I, bool FAST_SILU>
 __device__ __forceinline__ void conv_pass_decode(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                                  const char *weights_sh, const char *bias_sh, int own0, shared_tokens &s)
