@@ -690,7 +690,10 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
             __syncthreads(); /* the whole raw sequence (each thread waited for its own copies) */
             GDN__PHASE(GDN__PHASE_INPUTS);
             if (ONE_TOKEN && folds == 0)
-                conv_pass_decode<I, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, own0, s);
+                /* the small bf16 fold decodes: a thread's channels unrolled, measured faster there only
+                 * (bench/results/2026-11-29-h200-mixer-decode-conv-taps.md, G) */
+                conv_pass_decode<I, FAST_SILU, sizeof(S) == 2 && FOLD && !RING && REGS != big_regs<S>() ? 3 : 1>(
+                    p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, own0, s);
             else if (BIG_MIXER_DECODE || (!ONE_TOKEN && !p.parents)) /* (neither is the ring's) */
                 conv_pass_sliding<I, true, FAST_SILU>(p, mc, raw, mixer_base + parts.weights, mixer_base + parts.bias, seq, T, s);
             else

@@ -307,8 +307,9 @@ __device__ __forceinline__ void conv_pass_sliding(const gdn__layer_params &p, co
  * channel from its W taps (the window's rows, then the own token's, raw row own0 + W - 1), every
  * tap's and weight's load issued before the first use, where the other passes wait for each tap in
  * turn; measured faster in every decode instance (bench/results/
- * 2026-11-29-h200-mixer-decode-conv-taps.md). The same sums in the same order as the other passes. */
-template <typename I, bool FAST_SILU>
+ * 2026-11-29-h200-mixer-decode-conv-taps.md). The same sums in the same order as the other passes.
+ * UNROLL_CHANNELS: the channel loop's unroll. */
+template <typename I, bool FAST_SILU, int UNROLL_CHANNELS = 1>
 __device__ __forceinline__ void conv_pass_decode(const gdn__layer_params &p, const mixer_channels &mc, const I *raw,
                                                  const char *weights_sh, const char *bias_sh, int own0, shared_tokens &s)
 {
@@ -316,6 +317,7 @@ __device__ __forceinline__ void conv_pass_decode(const gdn__layer_params &p, con
     const gdn__mixer_params &m = p.mixer;
     const int W = m.conv_width, K = mc.K;
     const I *const own_row = raw + (size_t)(W - 1 + own0) * mc.pitch;
+#pragma unroll UNROLL_CHANNELS
     for (int c = threadIdx.x; c < mc.width; c += blockDim.x) {
         float w[MW], x[MW];
 #pragma unroll
