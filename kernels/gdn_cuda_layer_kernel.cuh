@@ -1061,18 +1061,30 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
         /* a memo for each (sets, warps) pair it may ask about, so that launches outside graphs ask
          * the runtime once each */
         static std::atomic<uint64_t> decode_memo[3 * 4];
-        const auto one_wave = [&](int s) {
+        const auto resident = [&](int s, int grids) { /* `grids` such grids at once */
             const int slot = (s >= 4 ? 2 : s - 1) * 4 + (warps >= 8 ? 3 : warps >= 4 ? 2 : warps - 1);
             const size_t bytes = smem_for(warps, s * warps * Geo::ROWS_PER_WARP);
-            return fits_after_opt_in(bytes) && gdn__in_one_wave(kernel, warps * 32, bytes, ctas(warps, s), decode_memo[slot]);
+            return fits_after_opt_in(bytes) &&
+                   gdn__in_one_wave(kernel, warps * 32, bytes, grids * ctas(warps, s), decode_memo[slot]);
         };
-        for (int s = sets;; s *= 2) { /* the fewest sets whose grid runs in one wave, each asked once */
-            if (one_wave(s)) {
-                sets = s;
-                break;
+        /* With the preceding kernel overlapped (PDL), the next layer's grid starts while this one runs.
+         * On the tiny instance's fold grids of at most GDN__DECODE_GRID_CTAS CTAs of one set (one row of
+         * qwen3-next) the fewest sets that leave room for both grids come first, so that every CTA of
+         * the next one starts before this one ends. Measured faster there only: the cache's level, the
+         * small instance's grid of as many CTAs (two rows) slower
+         * (bench/results/2026-11-29-h200-mixer-small-grids.md). */
+        const bool two_grids = FOLD && REGS == GDN__STATE_REGS_TINY && p->overlap_preceding &&
+                               ctas(warps, sets) <= GDN__DECODE_GRID_CTAS;
+        int found = 0;
+        for (int grids = two_grids ? 2 : 1; grids >= 1 && found == 0; grids--)
+            for (int s = sets;; s *= 2) {
+                if (resident(s, grids)) {
+                    found = s;
+                    break;
+                }
+                if (s >= SETS || p->V % (2 * s * warps * Geo::ROWS_PER_WARP) != 0) break;
             }
-            if (s >= SETS || p->V % (2 * s * warps * Geo::ROWS_PER_WARP) != 0) break;
-        }
+        if (found > 0) sets = found;
     }
     const int cta_rows = sets * warps * Geo::ROWS_PER_WARP;
     const int tiles_per_head = p->V / cta_rows;

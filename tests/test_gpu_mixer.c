@@ -42,6 +42,7 @@ typedef struct gm_cfg {
     int32_t fill_steps;            /* the first fill_steps steps verify MAX_T tokens in slots 0..B-1 and accept them all;
                                     * the next decodes those slots, and a full ring must be among them */
     int32_t min_rows, max_rows;    /* a step's rows: min_rows..max_rows (0: 1..DEFAULT_ROWS) */
+    int overlap;                   /* gdn_op_layer's overlap_preceding (PDL) */
     int32_t steps;
     uint64_t seed;
 } gm_cfg;
@@ -148,6 +149,7 @@ static void side_create(gm_side *s, gdn_backend_kind kind, const gm_cfg *c, cons
         .max_tokens = MAX_T,
         .ring_length = c->ring_length,
         .ring_write_through = c->ring_write_through,
+        .overlap_preceding = c->overlap,
     };
     const char *in = s->in;
     s->op.x = (gdn_view){s->in, g->in_row, g->in_token, 0};
@@ -434,10 +436,11 @@ static void run_sequence(const gm_cfg *cfg)
     const int32_t copy_step = steps / 2 > cfg->fill_steps ? steps / 2 : cfg->fill_steps + 1;
     for (int step = 0; step < steps; step++) {
         run_step(&run, step);
-        if (step == copy_step) { /* a slot copy and a reset, both sides */
+        if (step == copy_step) { /* a slot copy and a reset, both sides (7 to 2, reset 5 where there are so many) */
+            const int32_t last = run.g.num_slots - 1, from = last < 7 ? last : 7, to = from == 2 ? 0 : 2;
             for (int n = 0; n < 2; n++) {
-                cr_assert_eq(gdn_op_slot_copy(&run.side[n].op, 7, 2, NULL), GDN_OK);
-                cr_assert_eq(gdn_op_slot_reset(&run.side[n].op, 5, NULL), GDN_OK);
+                cr_assert_eq(gdn_op_slot_copy(&run.side[n].op, from, to, NULL), GDN_OK);
+                cr_assert_eq(gdn_op_slot_reset(&run.side[n].op, last < 5 ? last : 5, NULL), GDN_OK);
             }
             assert_slots_match(&run, "after a slot copy and reset");
         }
@@ -473,6 +476,12 @@ GPU_MIXER_TEST(qwen3_next_heads_cache_bf16, .HK = 16, .HV = 32, .strategy = GDN_
                .seed = 8)
 GPU_MIXER_TEST(qwen3_next_heads_fold_f32, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_FOLD, .pool_dtype = GDN_DTYPE_F32,
                .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .steps = 8, .seed = 9)
+/* Launched overlapped (PDL), with qwen3-next's heads and one row: the fold decode runs two row sets a
+ * CTA there (the layer kernel's launcher leaves room for two such grids), which the launches without
+ * the overlap never take. */
+GPU_MIXER_TEST(qwen3_next_heads_fold_bf16_overlapped, .HK = 16, .HV = 32, .strategy = GDN_VERIFY_FOLD,
+               .pool_dtype = GDN_DTYPE_BF16, .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1,
+               .bias = 1, .overlap = 1, .min_rows = 1, .max_rows = 1, .steps = 16, .seed = 40)
 /* Per-row token counts in the verify steps (positions past a row's count: exactly 0 on both sides). */
 GPU_MIXER_TEST(token_counts_cache, .HK = 2, .HV = 4, .strategy = GDN_VERIFY_CACHE, .pool_dtype = GDN_DTYPE_F32,
                .weight_dtype = GDN_DTYPE_BF16, .out_dtype = GDN_DTYPE_BF16, .W = 4, .norm = 1, .bias = 1, .counts = 1, .seed = 10)
