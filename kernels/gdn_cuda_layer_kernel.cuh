@@ -242,9 +242,13 @@ template <typename S, int REGS, bool ONE_TOKEN> constexpr int cta_warps_max()
 {
     return ONE_TOKEN && REGS != big_regs<S>() ? 8 : 4;
 }
-/* min_blocks in CTAs of this instance's size (__launch_bounds__). */
-template <typename S, int REGS, bool ONE_TOKEN, bool STAGED> constexpr int resident_ctas()
+/* min_blocks in CTAs of this instance's size (__launch_bounds__). The mixer's small bf16 decodes, but
+ * the ring's write-through: four eight-warp CTAs an SM (64 registers, no spill), so that their grid
+ * and the next layer's can be resident at once (measured faster; the ring's was not tried). */
+template <typename S, int REGS, bool ONE_TOKEN, bool STAGED, bool MIXER = false, bool RING = false>
+constexpr int resident_ctas()
 {
+    if (MIXER && !RING && ONE_TOKEN && sizeof(S) == 2 && REGS == GDN__STATE_REGS_SMALL) return 4;
     constexpr int ctas = min_blocks<S, ONE_TOKEN && !STAGED, REGS>() * 4 / cta_warps_max<S, REGS, ONE_TOKEN>();
     return ctas > 0 ? ctas : 1;
 }
@@ -282,7 +286,7 @@ constexpr bool big_fold_verify()
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING, bool STAGED,
           bool KEEP_KEYS, bool EARLY_FOLD, bool DIRECT_SETS>
 __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
-                                  (resident_ctas<S, REGS, ONE_TOKEN, STAGED>())) layer_step_kernel(const gdn__layer_params p)
+                                  (resident_ctas<S, REGS, ONE_TOKEN, STAGED, MIXER, RING>())) layer_step_kernel(const gdn__layer_params p)
 {
     static_assert(!RING || (ONE_TOKEN && FOLD == MIXER),
                   "the ring's write-through is a decode of the cache strategy, or with the mixer of the fold strategy");
@@ -1121,12 +1125,22 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
     return GDN_OK;
 }
 
-/* The verifies that take the big instance from a quarter of the usual grid (state_regs_for): with
- * bf16 state every fold and cache verify, with fp32 state the mixer's fold verify. The others with
- * fp32 state measured slower or level with it there. */
-template <typename S, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr bool verify_big_early()
+/* Where the big instance starts (state_regs_for's big_from, in GDN__SMALL_GRID_CTAS of its warps):
+ * 4 unless another measured faster.
+ * - From 1, the verifies with bf16 state (fold and cache) and the mixer's fp32 fold verify: the small
+ *   instance runs several times the warps, in more CTAs, each preparing every token (and with the
+ *   mixer running its key head's conv), which costs those verifies more than the big one's fewer
+ *   warps an SM (bench/results/2026-11-29-h200-verify-big-early.md). The other fp32 verifies
+ *   measured slower or level there.
+ * - bf16 decodes: from 1 with the mixer (the small instance's CTAs each run their key head's conv),
+ *   from 2 without; the fp32 cache decode without the mixer from 2. The other fp32 decodes measured
+ *   slower there (bench/results/2026-11-29-h200-small-bucket-instances.md). The ring's write-through
+ *   without the mixer has no big instance (launch_tokens). */
+template <typename S, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr int layer_big_from()
 {
-    return !ONE_TOKEN && (sizeof(S) == 2 || (MIXER && FOLD));
+    if constexpr (!ONE_TOKEN) return sizeof(S) == 2 || (MIXER && FOLD) ? 1 : 4;
+    else if constexpr (sizeof(S) == 2) return MIXER ? 1 : 2;
+    else return !FOLD && !MIXER ? 2 : 4;
 }
 /* The instance holding as many state values a thread as state_regs_for picks for this grid. The
  * ring's write-through without the mixer (small grids by default) has no big instance: the small one
@@ -1135,7 +1149,7 @@ template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool FOLD, 
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
     switch (state_regs_for<K, S, staged_by_default<ONE_TOKEN, FOLD, MIXER>()>(p, ONE_TOKEN,
-                                                                           verify_big_early<S, ONE_TOKEN, FOLD, MIXER>())) {
+                                                                           layer_big_from<S, ONE_TOKEN, FOLD, MIXER>())) {
     case state_regs::big:
         if constexpr (FOLD && ONE_TOKEN && !MIXER)
             if (fold_decode_staged<K, S>(p)) return launch_regs<K, S, I, O, big_regs<S>(), true, true, false, false, true>(p, stream);

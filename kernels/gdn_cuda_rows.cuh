@@ -198,19 +198,16 @@ __device__ __forceinline__ void store_rows(S *dst, const float (&st)[Geo::RT][Ge
 /* State values a thread holds (layer_geometry's REGS) on p's grid: more on large grids (more bytes in
  * flight per SM), fewer on small ones so that the work spreads over more warps and SMs, fewest on
  * the smallest one-token grids (e.g. B = 1 of a 32-head layer: shorter chains). The big instance
- * starts at 4 GDN__SMALL_GRID_CTAS of its warps, or at a quarter of that for the verifies that
- * measured faster with it there (`big_early`, the launchers' choice: verify_big_early): the small
- * instance runs several times the warps, in more CTAs, each preparing every token (and with the
- * mixer running its key head's conv), which costs those verifies more than the big one's fewer
- * warps an SM (bench/results/2026-11-29-h200-verify-big-early.md). */
+ * starts at `big_from` GDN__SMALL_GRID_CTAS of its warps: 4 by default, fewer where the launchers
+ * measured it faster (layer_big_from; the ring's launch_tokens). */
 enum class state_regs { big, small, tiny };
 template <int K, typename S, bool SHARED>
-inline state_regs state_regs_for(const gdn__layer_params *p, bool one_token, bool big_early = false)
+inline state_regs state_regs_for(const gdn__layer_params *p, bool one_token, int big_from = 4)
 {
     using Big = layer_geometry<K, S, big_regs<S>(), SHARED>;
     using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, SHARED>;
     const int64_t heads = (int64_t)p->B * p->HV;
-    if (heads * (p->V / Big::ROWS_PER_WARP) >= (big_early ? 1 : 4) * GDN__SMALL_GRID_CTAS) return state_regs::big;
+    if (heads * (p->V / Big::ROWS_PER_WARP) >= big_from * GDN__SMALL_GRID_CTAS) return state_regs::big;
     if (one_token && heads * (p->V / Small::ROWS_PER_WARP) < 2 * GDN__SMALL_GRID_CTAS) return state_regs::tiny;
     return state_regs::small;
 }
