@@ -1,5 +1,5 @@
 /*
- * gdn-bench --engine: the engine's whole step (SPEC 5, issue 4). A qwen3-next model of 36 GDN layers
+ * gdn-bench --engine: the engine's whole step (SPEC 5, issue 4). A model of 36 GDN layers (--preset, qwen3-next by default)
  * on the CUDA backend with graphs captured at creation; for each bucket and T it reports
  *   - host us per step: begin_step + run_step (+ commit for verify) as the serving loop calls them,
  *     each step timed alone inside bursts of --host-burst steps (default 12) after a sync (the ring
@@ -348,7 +348,7 @@ static int tp_main(const gdn_engine_config *base, int tp, const int32_t *tokens,
         CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
         snprintf(name, sizeof name, "%s", prop.name);
     }
-    printf("tensor parallel: %d engines (devices 0..%d, %s), each qwen3-next x %d layers with HK %d, HV %d, %s state, "
+    printf("tensor parallel: %d engines (devices 0..%d, %s), each %d layers with HK %d, HV %d, %s state, "
            "max_batch %d; one host thread; us per step (GPU events, median of %d samples of %d steps)\n",
            tp, tp - 1, name, base->model.num_layers, base->model.num_k_heads / tp, base->model.num_v_heads / tp,
            base->state_dtype == GDN_DTYPE_F32 ? "f32" : "bf16", base->max_batch, REPS, STEPS);
@@ -440,6 +440,7 @@ int gdn_bench_engine_main(int argc, char **argv)
     int mixer_conv = 1, mixer_norm = 1; /* --mixer-parts */
     int32_t only_bucket = 0; /* --bucket N: that bucket alone (for profilers) */
     int tp = 0;              /* --tp N: one engine per device, heads split N ways */
+    const char *preset = "qwen3-next"; /* --preset: a gdn_model_preset name */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--state") && v) state = strcmp(argv[++i], "f32") == 0 ? GDN_DTYPE_F32 : GDN_DTYPE_BF16;
@@ -453,6 +454,7 @@ int gdn_bench_engine_main(int argc, char **argv)
         } else if (!strcmp(a, "--ring-length") && v) ring_length = atoi(argv[++i]);
         else if (!strcmp(a, "--ring-write-through") && v) ring_write_through = atoi(argv[++i]);
         else if (!strcmp(a, "--layers") && v) layers = atoi(argv[++i]);
+        else if (!strcmp(a, "--preset") && v) preset = argv[++i];
         else if (!strcmp(a, "--mixer")) mixer = 1;
         else if (!strcmp(a, "--separate")) separate = 1;
         else if (!strcmp(a, "--mixer-parts") && v && (!strcmp(v, "conv") || !strcmp(v, "norm"))) {
@@ -470,7 +472,7 @@ int gdn_bench_engine_main(int argc, char **argv)
             n_tokens = 0;
             for (char *tok = strtok(argv[++i], ","); tok && n_tokens < 8; tok = strtok(NULL, ",")) tokens[n_tokens++] = atoi(tok);
         } else {
-            fprintf(stderr, "usage: gdn-bench --engine [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] "
+            fprintf(stderr, "usage: gdn-bench --engine [--preset qwen3-next|qwen3.5|tiny] [--state f32|bf16] [--layers N] [--max-batch N] [--tokens 1,2,4] "
                             "[--host-burst 1..12] [--verify auto|cache|fold|ring] [--ring-length 4..32] [--ring-write-through N] "
                             "[--mixer | --separate] [--bucket N] "
                             "[--mixer-parts conv|norm] [--tp N] [--json FILE]\n");
@@ -486,7 +488,10 @@ int gdn_bench_engine_main(int argc, char **argv)
         if (tokens[i] > max_tokens) max_tokens = tokens[i];
 
     gdn_model_config model;
-    CHECK_GDN(gdn_model_preset("qwen3-next", layers, &model));
+    if (gdn_model_preset(preset, layers, &model) != GDN_OK) {
+        fprintf(stderr, "gdn-bench --engine: no model preset '%s' (qwen3-next, qwen3.5, tiny)\n", preset);
+        return 2;
+    }
     gdn_engine_config c;
     CHECK_GDN(gdn_engine_config_init(&c, &model));
     c.state_dtype = state;
@@ -530,8 +535,8 @@ int gdn_bench_engine_main(int argc, char **argv)
     if (rc->ring_write_through > 0) snprintf(through, sizeof through, "decodes write through up to %d rows", rc->ring_write_through);
     if (ring_len)
         snprintf(ring_note, sizeof ring_note, " (ring length %d, %s; GPU times: means over whole ring cycles)", ring_len, through);
-    printf("engine: qwen3-next x %d layers%s, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify%s; created"
-           " in %.0f ms (graphs included); host timed in bursts of %d steps\n", layers,
+    printf("engine: %s x %d layers%s, %s state, %d slots, max_batch %d, max_tokens %d, %d buckets, %s verify%s; created"
+           " in %.0f ms (graphs included); host timed in bursts of %d steps\n", preset, layers,
            mixer      ? (!mixer_norm ? " (mixer step: conv W 4, no norm)"
                          : !mixer_conv ? " (mixer step: gated norm, no conv)"
                                        : " (whole mixer step: conv W 4, gated norm)")
@@ -590,10 +595,10 @@ int gdn_bench_engine_main(int argc, char **argv)
             perror(json);
             return 1;
         }
-        fprintf(f, "{\"mode\": \"engine\", \"mixer\": %d, \"preset\": \"qwen3-next\", \"layers\": %d, \"state\": \"%s\", \"verify\": \"%s\", "
+        fprintf(f, "{\"mode\": \"engine\", \"mixer\": %d, \"preset\": \"%s\", \"layers\": %d, \"state\": \"%s\", \"verify\": \"%s\", "
                    "\"ring_length\": %d, \"gpu_time\": \"%s\", \"memory\": {\"state_pools\": %llu, \"verify_cache\": %llu, "
                    "\"token_store\": %llu, \"ring\": %llu, \"total\": %llu}, \"host_burst\": %d, \"rows\": [\n",
-                mixer, layers, state == GDN_DTYPE_F32 ? "f32" : "bf16", strategy, ring_len,
+                mixer, preset, layers, state == GDN_DTYPE_F32 ? "f32" : "bf16", strategy, ring_len,
                 ring_len ? "mean over samples of whole ring cycles" : "median of samples",
                 (unsigned long long)mem.state_pools, (unsigned long long)mem.verify_cache,
                 (unsigned long long)mem.token_store, (unsigned long long)mem.ring, (unsigned long long)mem.total, host_burst);
