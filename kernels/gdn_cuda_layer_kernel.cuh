@@ -245,8 +245,7 @@ template <typename S, int REGS, bool ONE_TOKEN> constexpr int cta_warps_max()
 /* min_blocks in CTAs of this instance's size (__launch_bounds__). The mixer's small bf16 decodes, but
  * the ring's write-through: four eight-warp CTAs an SM (64 registers, no spill), so that their grid
  * and the next layer's can be resident at once (measured faster; the ring's was not tried). */
-template <typename S, int REGS, bool ONE_TOKEN, bool STAGED, bool MIXER = false, bool RING = false>
-constexpr int resident_ctas()
+template <typename S, int REGS, bool ONE_TOKEN, bool STAGED, bool MIXER, bool RING> constexpr int resident_ctas()
 {
     if (MIXER && !RING && ONE_TOKEN && sizeof(S) == 2 && REGS == GDN__STATE_REGS_SMALL) return 4;
     constexpr int ctas = min_blocks<S, ONE_TOKEN && !STAGED, REGS>() * 4 / cta_warps_max<S, REGS, ONE_TOKEN>();
@@ -1126,7 +1125,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 }
 
 /* Where the big instance starts (state_regs_for's big_from, in GDN__SMALL_GRID_CTAS of its warps):
- * 4 unless another measured faster.
+ * GDN__BIG_FROM_USUAL unless another measured faster.
  * - From 1, the verifies with bf16 state (fold and cache) and the mixer's fp32 fold verify: the small
  *   instance runs several times the warps, in more CTAs, each preparing every token (and with the
  *   mixer running its key head's conv), which costs those verifies more than the big one's fewer
@@ -1138,9 +1137,9 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
  *   without the mixer has no big instance (launch_tokens). */
 template <typename S, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr int layer_big_from()
 {
-    if constexpr (!ONE_TOKEN) return sizeof(S) == 2 || (MIXER && FOLD) ? 1 : 4;
+    if constexpr (!ONE_TOKEN) return sizeof(S) == 2 || (MIXER && FOLD) ? 1 : GDN__BIG_FROM_USUAL;
     else if constexpr (sizeof(S) == 2) return MIXER ? 1 : 2;
-    else return !FOLD && !MIXER ? 2 : 4;
+    else return !FOLD && !MIXER ? 2 : GDN__BIG_FROM_USUAL;
 }
 /* The instance holding as many state values a thread as state_regs_for picks for this grid. The
  * ring's write-through without the mixer (small grids by default) has no big instance: the small one

@@ -626,7 +626,7 @@ template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool MIXER>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
     const bool big_early = !ONE_TOKEN && MIXER && sizeof(S) == 2 && !p->parents && !p->token_counts;
-    switch (state_regs_for<K, S, true>(p, ONE_TOKEN, big_early ? 1 : 4)) {
+    switch (state_regs_for<K, S, true>(p, ONE_TOKEN, big_early ? 1 : GDN__BIG_FROM_USUAL)) {
     case state_regs::big: return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, MIXER>(p, stream);
     case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, MIXER>(p, stream);
     default: return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, MIXER>(p, stream);

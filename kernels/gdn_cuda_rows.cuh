@@ -198,11 +198,12 @@ __device__ __forceinline__ void store_rows(S *dst, const float (&st)[Geo::RT][Ge
 /* State values a thread holds (layer_geometry's REGS) on p's grid: more on large grids (more bytes in
  * flight per SM), fewer on small ones so that the work spreads over more warps and SMs, fewest on
  * the smallest one-token grids (e.g. B = 1 of a 32-head layer: shorter chains). The big instance
- * starts at `big_from` GDN__SMALL_GRID_CTAS of its warps: 4 by default, fewer where the launchers
+ * starts at `big_from` GDN__SMALL_GRID_CTAS of its warps: GDN__BIG_FROM_USUAL, fewer where the launchers
  * measured it faster (layer_big_from; the ring's launch_tokens). */
 enum class state_regs { big, small, tiny };
+constexpr int GDN__BIG_FROM_USUAL = 4;
 template <int K, typename S, bool SHARED>
-inline state_regs state_regs_for(const gdn__layer_params *p, bool one_token, int big_from = 4)
+inline state_regs state_regs_for(const gdn__layer_params *p, bool one_token, int big_from = GDN__BIG_FROM_USUAL)
 {
     using Big = layer_geometry<K, S, big_regs<S>(), SHARED>;
     using Small = layer_geometry<K, S, GDN__STATE_REGS_SMALL, SHARED>;
