@@ -380,14 +380,15 @@ gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_confi
     resolved->verify_strategy = resolved_strategy(resolved);
     if (resolved->ring_length == 0) resolved->ring_length = GDN_DEFAULT_RING_LENGTH;
     resolved->ring_write_through =
-        gdn__ring_write_through_rows(resolved->ring_write_through, resolved->model.num_v_heads,
+        gdn__ring_write_through_rows(resolved->ring_write_through, resolved->model.num_v_heads, resolved->state_dtype,
                                      resolved->mixer.conv_width > 0, resolved->max_batch);
     if (resolved->model.scale == 0.0f) resolved->model.scale = 1.0f / sqrtf((float)resolved->model.head_dim_k);
     if (resolved->mixer.use_norm && resolved->mixer.norm_eps == 0.0f) resolved->mixer.norm_eps = 1e-6f;
     return GDN_OK;
 }
 
-int32_t gdn__ring_write_through_rows(int32_t option, int32_t num_v_heads, int conv, int32_t max_batch)
+int32_t gdn__ring_write_through_rows(int32_t option, int32_t num_v_heads, gdn_dtype state_dtype, int conv,
+                                     int32_t max_batch)
 {
     /* Read once (the op layer asks at every step); threads that race compute the same value. */
     static atomic_int off = -1;
@@ -400,7 +401,10 @@ int32_t gdn__ring_write_through_rows(int32_t option, int32_t num_v_heads, int co
     if (turned_off || option < 0) return -1;
     if (option > 0) return option;
     if (conv) return max_batch > 0 ? max_batch : -1;
-    const int32_t rows = num_v_heads > 0 ? GDN_RING_WRITE_THROUGH_HEADS / num_v_heads : 0;
+    /* bf16 state: the write-through decode's big instance keeps it ahead on larger grids. */
+    const int32_t heads =
+        state_dtype == GDN_DTYPE_BF16 ? GDN_RING_WRITE_THROUGH_HEADS_BF16 : GDN_RING_WRITE_THROUGH_HEADS_F32;
+    const int32_t rows = num_v_heads > 0 ? heads / num_v_heads : 0;
     return rows > 0 ? rows : -1;
 }
 

@@ -22,9 +22,10 @@ int32_t gdn__mixer_scratch_tokens(const gdn_engine_config *c);
 
 /* The ring strategy's write-through rule (gdn.h, ring_write_through): the most rows a decode step may
  * have for it to write its states back, or -1 (never), from the option (0: the default, rows x HV <=
- * GDN_RING_WRITE_THROUGH_HEADS, or with the mixer's conv (`conv` nonzero) every step: max_batch) and
- * GDN_RING_WRITE_THROUGH=0 in the environment (never). */
-int32_t gdn__ring_write_through_rows(int32_t option, int32_t num_v_heads, int conv, int32_t max_batch);
+ * GDN_RING_WRITE_THROUGH_HEADS_F32 or _BF16 by the state's dtype, or with the mixer's conv (`conv`
+ * nonzero) every step: max_batch) and GDN_RING_WRITE_THROUGH=0 in the environment (never). */
+int32_t gdn__ring_write_through_rows(int32_t option, int32_t num_v_heads, gdn_dtype state_dtype, int conv,
+                                     int32_t max_batch);
 
 /* The smallest bucket >= batch of a resolved configuration (batch <= max_batch). */
 int32_t gdn__bucket_for(const gdn_engine_config *resolved, int32_t batch);

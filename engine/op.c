@@ -216,7 +216,7 @@ gdn__layer_params gdn__op_step_params(const gdn_op_layer *op, const gdn__op_layo
     p.parents = op->parents;
     /* A ring decode of few rows writes every row back: the kernels' rule with a ring length of 1. */
     if (op->strategy == GDN_VERIFY_RING && op->kind == GDN_STEP_DECODE &&
-        op->batch <= gdn__ring_write_through_rows(op->ring_write_through, op->model.num_v_heads,
+        op->batch <= gdn__ring_write_through_rows(op->ring_write_through, op->model.num_v_heads, op->pool.dtype,
                                                   op->mixer && op->mixer->conv_width > 0, op->max_batch))
         p.ring_length = 1;
     gdn__layer_params_views(&p, &op->q, &op->k, &op->v, &op->a, &op->b, &op->o);

@@ -81,16 +81,18 @@ template <typename S, bool UNSTAGED_DECODE, int REGS> constexpr int min_blocks()
 /* The ring strategy's write-through decode (gdn.h, ring_write_through; the kernels' rule with ring
  * length 1) runs as this family's decode: slot r's h ring records are applied to the registers first
  * (S = g_j S + u_j k^_j^T, u_j stored), then the token, and the state is stored into slot w. Records
- * are read straight into registers, GDN__RING_THROUGH_BATCH at a time (one round trip a batch), so
- * the instance needs no shared memory, like the cache decode it is (a kernel with shared memory
- * measured slower on these grids). */
+ * are read straight into registers, GDN__RING_THROUGH_BATCH at a time (one round trip a batch; one at
+ * a time in the big instance, whose registers hold no second record without spilling), so the
+ * instance needs no shared memory, like the cache decode it is (a kernel with shared memory measured
+ * slower on these grids). */
 #define GDN__RING_THROUGH_BATCH 2
 template <int K, typename I, typename Geo>
 __device__ __forceinline__ void apply_ring_records(const gdn__layer_params &p, float (&st)[Geo::RT][Geo::NV][Geo::EV],
                                                    int64_t r, int h, int kh, int records, int row0, int glane, float A,
                                                    float dt_bias)
 {
-    constexpr int EV = Geo::EV, NV = Geo::NV, L = Geo::L, G = Geo::G, RT = Geo::RT, BATCH = GDN__RING_THROUGH_BATCH;
+    constexpr int EV = Geo::EV, NV = Geo::NV, L = Geo::L, G = Geo::G, RT = Geo::RT;
+    constexpr int BATCH = RT * Geo::EPT >= 64 ? 1 : GDN__RING_THROUGH_BATCH;
     const int64_t record_bytes = gdn__ring_record_bytes(p.HK, p.HV, K, p.V);
     const int64_t u_offset = gdn__ring_u_offset(p.HK, p.HV, K), a_offset = gdn__ring_a_offset(p.HK, K);
     const char *ring_r = static_cast<const char *>(p.ring) + r * p.ring_capacity * record_bytes;
@@ -1134,7 +1136,7 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
  * - bf16 decodes: from 1 with the mixer (the small instance's CTAs each run their key head's conv),
  *   from 2 without; the fp32 cache decode without the mixer from 2. The other fp32 decodes measured
  *   slower there (bench/results/2026-11-29-h200-small-bucket-instances.md). The ring's write-through
- *   without the mixer has no big instance (launch_tokens). */
+ *   without the mixer has a big instance with bf16 state only (launch_tokens). */
 template <typename S, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr int layer_big_from()
 {
     if constexpr (!ONE_TOKEN) return sizeof(S) == 2 || (MIXER && FOLD) ? 1 : GDN__BIG_FROM_USUAL;
@@ -1142,8 +1144,8 @@ template <typename S, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr int layer
     else return !FOLD && !MIXER ? 2 : GDN__BIG_FROM_USUAL;
 }
 /* The instance holding as many state values a thread as state_regs_for picks for this grid. The
- * ring's write-through without the mixer (small grids by default) has no big instance: the small one
- * serves there. */
+ * ring's write-through without the mixer has a big instance with bf16 state only (its default covers
+ * grids where that instance runs); with fp32 state the small one serves there. */
 template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING = false>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
@@ -1152,7 +1154,7 @@ static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
     case state_regs::big:
         if constexpr (FOLD && ONE_TOKEN && !MIXER)
             if (fold_decode_staged<K, S>(p)) return launch_regs<K, S, I, O, big_regs<S>(), true, true, false, false, true>(p, stream);
-        if constexpr (!RING || MIXER) return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
+        if constexpr (!RING || MIXER || sizeof(S) == 2) return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
         else return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     default:

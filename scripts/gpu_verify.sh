@@ -67,6 +67,7 @@ if want racecheck; then
         sanitize racecheck test_gpu_fold $test "gpu_fold/$test*"
     done
     sanitize racecheck test_gpu_fold ring_directed "gpu_fold/ring_[afnrw]*"
+    sanitize racecheck test_gpu_fold ring_small_streamed "gpu_fold/ring_s[mt]*"
     sanitize racecheck test_gpu_op ""
     sanitize racecheck test_gpu_mixer ""
     sanitize racecheck test_gpu_tree ""

@@ -538,7 +538,7 @@ void ring_check_slots_outside_the_step_and_padding_rows_are_bit_exact(gdn_backen
 }
 
 /* Decode steps of at most ring_write_through rows write every row back (after applying its records)
- * and leave its ring empty; larger ones append. Explicit row counts, the default (128 row-heads) and
+ * and leave its ring empty; larger ones append. Explicit row counts, the default (by the state's dtype) and
  * -1; forks, padding rows, rings filled by verifies and by larger decodes; every step checked against
  * the model (outputs, pools bit for bit). */
 void ring_check_small_decodes_write_through(gdn_backend_kind backend)
@@ -575,12 +575,15 @@ void ring_check_small_decodes_write_through(gdn_backend_kind backend)
         fx_read_all(&f, s[2]), fx_read_all(&f, fresh);
         fx_free(&f);
     }
-    /* The default: 128 row-heads; -1: never. */
-    fx f = fx_make_through(backend, GDN_DTYPE_F32, 8, 2, 4, 4, 0, 694);
-    const int32_t rows = GDN_RING_WRITE_THROUGH_HEADS / f.c.model.num_v_heads;
-    cr_assert_eq(f.c.ring_write_through, rows > 0 ? rows : -1);
-    fx_free(&f);
-    f = fx_make_through(backend, GDN_DTYPE_F32, 8, 2, 4, 4, -1, 695);
+    /* The default: GDN_RING_WRITE_THROUGH_HEADS_F32 / _BF16 row-heads by the state's dtype; -1: never. */
+    const int32_t heads[] = {GDN_RING_WRITE_THROUGH_HEADS_F32, GDN_RING_WRITE_THROUGH_HEADS_BF16};
+    for (int d = 0; d < 2; d++) {
+        fx f = fx_make_through(backend, dtypes[d], 8, 2, 4, 4, 0, 694 + 2 * (uint64_t)d);
+        const int32_t rows = heads[d] / f.c.model.num_v_heads;
+        cr_assert_eq(f.c.ring_write_through, rows > 0 ? rows : -1);
+        fx_free(&f);
+    }
+    fx f = fx_make_through(backend, GDN_DTYPE_F32, 8, 2, 4, 4, -1, 695);
     cr_assert_eq(f.c.ring_write_through, -1);
     const int32_t s0 = fx_alloc(&f);
     cr_assert_eq(fx_decode(&f, 1, &s0), 0, "never: a one-row decode appends");

@@ -192,7 +192,10 @@ scenario_result run_scenario(const scenario_options *o)
             row_flush[i] = (uint8_t)(fork || through || (verify ? h + T > ring_capacity : h + 1 >= ring_length));
             if (row_flush[i] && h < 64) result.ring_flush_depths |= 1ull << h;
             if (fork) result.ring_flush_fork += h > 0;
-            else if (through) result.ring_write_throughs++;
+            else if (through) {
+                result.ring_write_throughs++;
+                if (bucket > result.ring_largest_through_bucket) result.ring_largest_through_bucket = bucket;
+            }
             else if (row_flush[i] && verify) result.ring_flush_verify++;
             else if (row_flush[i]) result.ring_flush_decode++;
             /* Records written: a verify's T (tentatively) after the ring's records, or from 0 after its

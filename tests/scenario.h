@@ -52,6 +52,7 @@ typedef struct scenario_result {
     int32_t ring_flush_fork;   /* a fork (write slot != read slot) of a request with records (h > 0) */
     int32_t ring_flush_read;   /* a state check (gdn_slot_read_state) that found records */
     int32_t ring_write_throughs; /* a decode in a bucket of at most ring_write_through rows (not a fork) */
+    int32_t ring_largest_through_bucket; /* the largest bucket of such a decode */
     int32_t ring_largest;      /* the most records a request held after a step */
     uint64_t ring_positions;   /* bit j: a step wrote a record at ring position j */
     uint64_t ring_flush_depths; /* bit h: a kernel write-back (decode, verify, fork) applied h records */

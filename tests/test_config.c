@@ -185,7 +185,8 @@ Test(config, rejects_bad_ring_length)
 }
 
 /* ring_write_through: below -1 refused with its own code (after ring_length, before backend); -1, 0
- * and row counts accepted; 0 resolves to 128 row-heads' worth of rows, -1 and counts stay. */
+ * and row counts accepted; 0 resolves to GDN_RING_WRITE_THROUGH_HEADS_F32 / _BF16 row-heads' worth of
+ * rows by the state's dtype, -1 and counts stay. */
 Test(config, ring_write_through_is_checked_and_resolved)
 {
     gdn_engine_config c = valid();
@@ -200,23 +201,30 @@ Test(config, ring_write_through_is_checked_and_resolved)
     c.ring_length = 0;
     c.backend = (gdn_backend_kind)7;
     expect_invalid(&c, GDN_ECONFIG_RING_WRITE_THROUGH);
-    c = valid();
-    c.verify_strategy = GDN_VERIFY_RING;
-    const int32_t good[] = {-1, 0, 1, 3, 1 << 20};
-    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
-        c.ring_write_through = good[i];
-        gdn_engine *e = NULL;
-        cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK, "ring_write_through %d", good[i]);
-        const int32_t rows = GDN_RING_WRITE_THROUGH_HEADS / c.model.num_v_heads;
-        const int32_t expected = good[i] ? good[i] : rows > 0 ? rows : -1;
-        cr_assert_eq(gdn_engine_get_config(e)->ring_write_through, expected, "ring_write_through %d", good[i]);
-        gdn_engine_destroy(e);
+    const gdn_dtype states[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    const int32_t heads[] = {GDN_RING_WRITE_THROUGH_HEADS_F32, GDN_RING_WRITE_THROUGH_HEADS_BF16};
+    cr_assert_neq(heads[0], heads[1], "the dtypes' defaults differ, so that this checks which one applies");
+    for (int d = 0; d < 2; d++) {
+        c = valid();
+        c.verify_strategy = GDN_VERIFY_RING;
+        c.state_dtype = states[d];
+        const int32_t good[] = {-1, 0, 1, 3, 1 << 20};
+        for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+            c.ring_write_through = good[i];
+            gdn_engine *e = NULL;
+            cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK, "ring_write_through %d", good[i]);
+            const int32_t rows = heads[d] / c.model.num_v_heads;
+            const int32_t expected = good[i] ? good[i] : rows > 0 ? rows : -1;
+            cr_assert_eq(gdn_engine_get_config(e)->ring_write_through, expected, "state %s, ring_write_through %d",
+                         d ? "bf16" : "fp32", good[i]);
+            gdn_engine_destroy(e);
+        }
     }
 }
 
 /* The default ring_write_through with the mixer's conv covers every decode step (max_batch rows),
- * whatever the state dtype; the norm alone keeps the plain default (GDN_RING_WRITE_THROUGH_HEADS
- * row-heads); -1 and row counts stay as given. heads -1: max_batch rows. */
+ * whatever the state dtype; the norm alone keeps the plain default (GDN_RING_WRITE_THROUGH_HEADS_F32 /
+ * _BF16 row-heads); -1 and row counts stay as given. heads -1: max_batch rows. */
 Test(config, ring_write_through_default_covers_every_step_with_the_conv)
 {
     const struct {
@@ -226,8 +234,8 @@ Test(config, ring_write_through_default_covers_every_step_with_the_conv)
         {GDN_DTYPE_BF16, 4, 1, 0, -1},
         {GDN_DTYPE_F32, 4, 1, 0, -1},
         {GDN_DTYPE_BF16, 2, 0, 0, -1},
-        {GDN_DTYPE_BF16, 0, 1, 0, GDN_RING_WRITE_THROUGH_HEADS},
-        {GDN_DTYPE_F32, 0, 1, 0, GDN_RING_WRITE_THROUGH_HEADS},
+        {GDN_DTYPE_BF16, 0, 1, 0, GDN_RING_WRITE_THROUGH_HEADS_BF16},
+        {GDN_DTYPE_F32, 0, 1, 0, GDN_RING_WRITE_THROUGH_HEADS_F32},
         {GDN_DTYPE_BF16, 4, 1, -1, 0},
         {GDN_DTYPE_F32, 4, 1, 3, 0},
     };

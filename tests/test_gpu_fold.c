@@ -163,24 +163,32 @@ Test(gpu_fold, ring_sixteen_token_verifies_match_the_host_model, .timeout = 900)
         }
 }
 
-/* qwen3-next with its default write-through (buckets of up to 4 rows, the 128 row-heads rule) beside
- * ring decodes in bucket 8: random serving, both dtypes, against the host model. */
+/* qwen3-next with its default write-through (GDN_RING_WRITE_THROUGH_HEADS_F32 / _BF16 row-heads: buckets
+ * of up to 8 rows with fp32 state, 32 with bf16, where bf16 runs the big instance from bucket 8)
+ * beside the ring's own decodes in the buckets above: random serving, both dtypes, against the host
+ * model. */
 Test(gpu_fold, ring_small_decodes_write_through_match_the_host_model, .timeout = 900)
 {
     test_require_gpu();
     const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    const int32_t heads[] = {GDN_RING_WRITE_THROUGH_HEADS_F32, GDN_RING_WRITE_THROUGH_HEADS_BF16};
     for (int d = 0; d < 2; d++) {
+        const int32_t through = heads[d] / 32, max_batch = 2 * through; /* qwen3-next: 32 value heads */
         scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
-                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_RING, .layers = 2, .steps = 60,
-                              .num_slots = 12, .max_batch = 8, .max_tokens = 4, .check_every = 6, .ring_length = 8,
-                              .ring_write_through = GDN_RING_WRITE_THROUGH_HEADS / 32, .seed = 770 + (uint64_t)d};
+                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_RING, .layers = 1, .steps = 60,
+                              .num_slots = max_batch + max_batch / 4, .max_batch = max_batch, .max_tokens = 4,
+                              .check_every = 6, .min_live = through + through / 4, .ring_length = 8,
+                              .ring_write_through = through, .seed = 770 + (uint64_t)d};
         scenario_result r = run_scenario(&o);
-        cr_log_info("qwen3-next %s ring write-through <= 4 rows: worst state %.1f%%, output %.1f%% of tolerance; "
-                    "write-throughs %d, decode write-backs %d, verify %d, fork %d",
-                    d ? "bf16" : "fp32", 100 * r.worst_state, 100 * r.worst_output, r.ring_write_throughs,
-                    r.ring_flush_decode, r.ring_flush_verify, r.ring_flush_fork);
+        cr_log_info("qwen3-next %s ring write-through <= %d rows: worst state %.1f%%, output %.1f%% of tolerance; "
+                    "write-throughs %d (largest bucket %d), decode write-backs %d, verify %d, fork %d; largest bucket %d",
+                    d ? "bf16" : "fp32", through, 100 * r.worst_state, 100 * r.worst_output, r.ring_write_throughs,
+                    r.ring_largest_through_bucket, r.ring_flush_decode, r.ring_flush_verify, r.ring_flush_fork,
+                    r.largest_bucket);
         if (test_full_length()) cr_assert_gt(r.ring_write_throughs, 5);
         if (test_full_length()) cr_assert_gt(r.verify_steps, 0);
+        if (test_full_length()) cr_assert_eq(r.ring_largest_through_bucket, through, "write-throughs on the largest grid");
+        if (test_full_length()) cr_assert_gt(r.largest_bucket, through, "the ring's own decodes above it");
     }
 }
 

@@ -576,9 +576,11 @@ static void mix_step(mix *mx, gdn_step_kind kind, int32_t T, int32_t B, const in
             else pending = (strategy == GDN_VERIFY_RING && !ring_store_first ? pending : 0) + len;
         } else if (kind == GDN_STEP_DECODE) {
             cr_assert_eq(gdn__ref_mixer_run(&mx->m, cur, 1, x, a, b, z, out), GDN_OK);
-            /* The op's default ring_write_through: steps of at most 128 row-heads write every row back,
-             * with the conv every step (gdn.h). */
-            const int through = mx->cfg.write_through && (!mx->cfg.no_conv || B <= GDN_RING_WRITE_THROUGH_HEADS / HV);
+            /* The op's default ring_write_through: steps of at most GDN_RING_WRITE_THROUGH_HEADS_F32 /
+             * _BF16 row-heads write every row back, with the conv every step (gdn.h). */
+            const int32_t through_heads = mx->cfg.pool_dtype == GDN_DTYPE_BF16 ? GDN_RING_WRITE_THROUGH_HEADS_BF16
+                                                                                : GDN_RING_WRITE_THROUGH_HEADS_F32;
+            const int through = mx->cfg.write_through && (!mx->cfg.no_conv || B <= through_heads / HV);
             if (strategy == GDN_VERIFY_RING && !fork && !through && pending + 1 < RING_LENGTH) { /* a record */
                 const size_t at = (size_t)(slot_state(mx, w) - mx->pool);
                 cr_assert_eq(memcmp(mx->pool + at, pool0 + at, (size_t)mx->state_elems * pool_size(mx)), 0,

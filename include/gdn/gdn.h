@@ -177,8 +177,10 @@ typedef enum gdn_verify_strategy {
 #define GDN_MAX_RING_LENGTH 32
 #define GDN_DEFAULT_RING_LENGTH 16
 /* Ring strategy: the default ring_write_through covers decode steps of at most this many row-heads
- * (rows x num_v_heads); with the mixer's conv it covers every decode step (ring_write_through). */
-#define GDN_RING_WRITE_THROUGH_HEADS 128
+ * (rows x num_v_heads), by state dtype; with the mixer's conv it covers every decode step
+ * (ring_write_through). */
+#define GDN_RING_WRITE_THROUGH_HEADS_F32 256
+#define GDN_RING_WRITE_THROUGH_HEADS_BF16 1024
 
 /* When the CUDA backend captures a step's CUDA graph (one per bucket, T and step kind; a verify step
  * with token_counts or parents, gdn_step, has its own, captured on its first use in every mode). */
@@ -293,8 +295,9 @@ typedef struct gdn_engine_config {
      * back, as the cache strategy's decode does, instead of appending a record: on small grids the
      * step is bound by its latency chain, not by the state's bytes, and the write-back costs nothing
      * there while the ring's preparation does. With bf16 state such steps round the state to bf16
-     * each time, like the cache strategy. 0: the default, steps of at most 128 / num_v_heads rows
-     * (GDN_RING_WRITE_THROUGH_HEADS row-heads), and with the mixer's conv every step (max_batch
+     * each time, like the cache strategy. 0: the default, steps of at most 256 / num_v_heads rows
+     * with fp32 state and 1024 / num_v_heads with bf16 (GDN_RING_WRITE_THROUGH_HEADS_F32 / _BF16
+     * row-heads), and with the mixer's conv every step (max_batch
      * rows): its ring decode redoes the conv over the records in every CTA, while a decode that
      * writes through folds the records as the fold strategy's decode does (the measurements:
      * bench/results, README); -1: never (the ring's rounding at write-backs only). Checked for every strategy (GDN_ECONFIG_RING_WRITE_THROUGH
