@@ -1136,16 +1136,14 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
  * - bf16 decodes: from 1 with the mixer (the small instance's CTAs each run their key head's conv),
  *   from 2 without; the fp32 cache decode without the mixer from 2. The other fp32 decodes measured
  *   slower there (bench/results/2026-11-29-h200-small-bucket-instances.md). The ring's write-through
- *   without the mixer has a big instance with bf16 state only (launch_tokens). */
+ *   runs the cache decode's instances (with the mixer's conv the fold decode's), under their rule. */
 template <typename S, bool ONE_TOKEN, bool FOLD, bool MIXER> constexpr int layer_big_from()
 {
     if constexpr (!ONE_TOKEN) return sizeof(S) == 2 || (MIXER && FOLD) ? 1 : GDN__BIG_FROM_USUAL;
     else if constexpr (sizeof(S) == 2) return MIXER ? 1 : 2;
     else return !FOLD && !MIXER ? 2 : GDN__BIG_FROM_USUAL;
 }
-/* The instance holding as many state values a thread as state_regs_for picks for this grid. The
- * ring's write-through without the mixer has a big instance with bf16 state only (its default covers
- * grids where that instance runs); with fp32 state the small one serves there. */
+/* The instance holding as many state values a thread as state_regs_for picks for this grid. */
 template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool FOLD, bool MIXER, bool RING = false>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
@@ -1154,8 +1152,7 @@ static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
     case state_regs::big:
         if constexpr (FOLD && ONE_TOKEN && !MIXER)
             if (fold_decode_staged<K, S>(p)) return launch_regs<K, S, I, O, big_regs<S>(), true, true, false, false, true>(p, stream);
-        if constexpr (!RING || MIXER || sizeof(S) == 2) return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
-        else return launch_regs<K, S, I, O, GDN__STATE_REGS_SMALL, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
+        return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, FOLD, MIXER, RING>(p, stream);
     default:
         if constexpr (FOLD && !ONE_TOKEN && !MIXER)
