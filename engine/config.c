@@ -401,7 +401,8 @@ int32_t gdn__ring_write_through_rows(int32_t option, int32_t num_v_heads, gdn_dt
     if (turned_off || option < 0) return -1;
     if (option > 0) return option;
     if (conv) return max_batch > 0 ? max_batch : -1;
-    /* bf16 state: the write-through decode's big instance keeps it ahead on larger grids. */
+    /* By state dtype: up to where writing through measured faster than the ring's own decode
+     * (bench/results/2026-11-29-h200-ring-write-through-defaults.md). */
     const int32_t heads =
         state_dtype == GDN_DTYPE_BF16 ? GDN_RING_WRITE_THROUGH_HEADS_BF16 : GDN_RING_WRITE_THROUGH_HEADS_F32;
     const int32_t rows = num_v_heads > 0 ? heads / num_v_heads : 0;

@@ -297,10 +297,10 @@ typedef struct gdn_engine_config {
      * there while the ring's preparation does. With bf16 state such steps round the state to bf16
      * each time, like the cache strategy. 0: the default, steps of at most 256 / num_v_heads rows
      * with fp32 state and 1024 / num_v_heads with bf16 (GDN_RING_WRITE_THROUGH_HEADS_F32 / _BF16
-     * row-heads), and with the mixer's conv every step (max_batch
-     * rows): its ring decode redoes the conv over the records in every CTA, while a decode that
-     * writes through folds the records as the fold strategy's decode does (the measurements:
-     * bench/results, README); -1: never (the ring's rounding at write-backs only). Checked for every strategy (GDN_ECONFIG_RING_WRITE_THROUGH
+     * row-heads), and with the mixer's conv every step (max_batch rows): its ring decode redoes the
+     * conv over the records in every CTA, while a decode that writes through folds the records as
+     * the fold strategy's decode does (the measurements: bench/results, README); -1: never (the
+     * ring's rounding at write-backs only). Checked for every strategy (GDN_ECONFIG_RING_WRITE_THROUGH
      * below -1); gdn_engine_get_config reports the row count chosen, or -1. The environment variable
      * GDN_RING_WRITE_THROUGH=0 also turns it off (A/B runs). */
     int32_t ring_write_through;
