@@ -82,7 +82,8 @@ template <typename S, bool UNSTAGED_DECODE, int REGS> constexpr int min_blocks()
  * length 1) runs as this family's decode: slot r's h ring records are applied to the registers first
  * (S = g_j S + u_j k^_j^T, u_j stored), then the token, and the state is stored into slot w. Records
  * are read straight into registers, GDN__RING_THROUGH_BATCH at a time (one round trip a batch; one at
- * a time in the big instance, whose registers hold no second record without spilling), so the
+ * a time where a thread holds 64 state values, the bf16 big instance, whose registers hold no second
+ * record without spilling), so the
  * instance needs no shared memory, like the cache decode it is (a kernel with shared memory measured
  * slower on these grids). */
 #define GDN__RING_THROUGH_BATCH 2
@@ -1080,15 +1081,14 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
          * (bench/results/2026-11-29-h200-mixer-small-grids.md). */
         const bool two_grids = FOLD && REGS == GDN__STATE_REGS_TINY && p->overlap_preceding &&
                                ctas(warps, sets) <= GDN__DECODE_GRID_CTAS;
-        int found = 0;
-        for (int grids = two_grids ? 2 : 1; grids >= 1 && found == 0; grids--)
+        const auto fewest_sets = [&](int grids) { /* that many grids resident at once; 0: none */
             for (int s = sets;; s *= 2) {
-                if (resident(s, grids)) {
-                    found = s;
-                    break;
-                }
-                if (s >= SETS || p->V % (2 * s * warps * Geo::ROWS_PER_WARP) != 0) break;
+                if (resident(s, grids)) return s;
+                if (s >= SETS || p->V % (2 * s * warps * Geo::ROWS_PER_WARP) != 0) return 0;
             }
+        };
+        int found = two_grids ? fewest_sets(2) : 0;
+        if (found == 0) found = fewest_sets(1);
         if (found > 0) sets = found;
     }
     const int cta_rows = sets * warps * Geo::ROWS_PER_WARP;

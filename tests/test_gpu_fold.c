@@ -164,9 +164,9 @@ Test(gpu_fold, ring_sixteen_token_verifies_match_the_host_model, .timeout = 900)
 }
 
 /* qwen3-next with its default write-through (GDN_RING_WRITE_THROUGH_HEADS_F32 / _BF16 row-heads: buckets
- * of up to 8 rows with fp32 state, 32 with bf16, where bf16 runs the big instance from bucket 8)
- * beside the ring's own decodes in the buckets above: random serving, both dtypes, against the host
- * model. */
+ * of up to 8 rows with fp32 state, 32 with bf16, on the big instance from bucket 4 with fp32 and 8 with
+ * bf16) beside the ring's own decodes in the buckets above: random serving, both dtypes, against the
+ * host model. */
 Test(gpu_fold, ring_small_decodes_write_through_match_the_host_model, .timeout = 900)
 {
     test_require_gpu();
