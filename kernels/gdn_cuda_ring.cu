@@ -10,12 +10,12 @@
  * the bytes, so the kernel is a memory pipeline over K-last state rows (a thread holds 16 elements of
  * a row, 16-byte loads, all of a pass's rows in flight before the first use), with the token work
  * moved into a per-CTA preparation that overlaps those loads:
- *   1. Issue the first pass's state loads (the later passes' rows are prefetched into L2) and the
- *      copies of the step's raw k, q (cp.async into shared memory), then read the row's record count
- *      h and copy the records' raw k (the head's key head) and the CTA's rows of their u: one round
- *      trip after h.
- *   2. Normalise every k and q (a warp each), prefix-sum the log decays, and form, per own token t and
- *      entry m, the coefficients of u_m in S k^_t and S q^_t (a warp per dot product).
+ *   1. Issue the first pass's state loads (the later passes' rows are prefetched into L2), read the
+ *      row's record count h and copy the records' raw k (the head's key head) and the CTA's rows of
+ *      their u (cp.async into shared memory), all before the wait for the preceding kernel (which
+ *      writes none of them); after it, copy the step's raw k, q.
+ *   2. Normalise every k and q (four lanes a row), prefix-sum the log decays, and form, per own
+ *      token t and entry m, the coefficients of u_m in S k^_t and S q^_t (a thread a pair).
  *   3. Per pass (a CTA owns up to GDN__RING_MAX_PASSES pass tiles of one head, so that one
  *      preparation serves up to a whole head on large grids), per state row: S0.k^_t and S0.q^_t over
  *      the thread's slice, each lane adding its share of the records' terms (record j goes to lane
@@ -104,6 +104,36 @@ __device__ __forceinline__ void normalise_row(const gdn__layer_params &p, const 
     const float scale = factor * l2norm_scale(p, sum);
 #pragma unroll
     for (int e = 0; e < KPL; e++) dst[lane * KPL + e] = x[e] * scale;
+}
+
+/* The same with LANES lanes a row (aligned groups of the warp; every lane of the warp calls it,
+ * `store` false past the rows), in 16-byte pieces, their order rotated by `rot` so that the groups
+ * of a warp start on different banks. */
+template <int K, int LANES, typename E>
+__device__ __forceinline__ void normalise_row_lanes(const gdn__layer_params &p, const E *src, float *dst, float factor,
+                                                    int glane, int rot, bool store)
+{
+    constexpr int VEC = 16 / (int)sizeof(E), NJ = K / (LANES * VEC);
+    static_assert(K % (LANES * VEC) == 0, "whole pieces a lane");
+    float x[NJ][VEC], sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        const int c = (((j + rot) % NJ) * LANES + glane) * VEC;
+        gdn__load_vec<E, VEC>(src + c, x[j]);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) sum = fmaf(x[j][e], x[j][e], sum);
+    }
+    sum = group_sum<LANES>(sum);
+    const float scale = factor * l2norm_scale(p, sum);
+    if (!store) return;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        const int c = (((j + rot) % NJ) * LANES + glane) * VEC;
+#pragma unroll
+        for (int e = 0; e < VEC; e += 4)
+            *reinterpret_cast<float4 *>(dst + c + e) =
+                make_float4(x[j][e] * scale, x[j][e + 1] * scale, x[j][e + 2] * scale, x[j][e + 3] * scale);
+    }
 }
 
 /* A record's layout (gdn_kernel_params.h): raw k per key head, or with the conv raw x [conv_dim];
@@ -209,31 +239,10 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
         stage_conv_params(p, mc, mixer_base + parts.weights, mixer_base + parts.bias);
         if (window_async) stage_window_async<I>(p, mc, raw, r);
     }
-    /* Only the state before the wait for the preceding kernel (overlap_preceding): it writes the inputs. */
-    if (p.overlap_preceding) gdn__wait_preceding();
-    gdn__allow_dependents();
-
-    /* The step's own k and q (raw rows C.. and C + T..; records take rows 0..h-1), or with the conv
-     * its x, and gate inputs do not depend on the ring: in flight before its count is read. */
+    /* Slot r's count and records before the wait too: the preceding kernel writes neither the pool
+     * nor the workspace (gdn_op.h, overlap_preceding), so the wait leaves only the step's inputs on
+     * the CTA's chain, not the count's round trip and then the records'. */
     constexpr int CHUNKS = K * 2 / 16; /* 16-byte pieces of a raw k or q row */
-    if (conv) {
-        for (int t = warp; t < T; t += warps)
-            stage_conv_row<K, I>(mc, raw + (size_t)(window_rows + C + t) * mc.pitch,
-                                 static_cast<const I *>(p.mixer.x) + gdn__at(p.mixer.x_strides, i, t, 0), lane);
-    } else {
-        for (int c = threadIdx.x; c < 2 * T * CHUNKS; c += blockDim.x) {
-            const int m = c / CHUNKS, piece = c % CHUNKS, t = m % T;
-            const I *from = m < T ? static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh)
-                                  : static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh);
-            gdn__copy_async16(s.raw + (size_t)(C + m) * K + piece * 8, reinterpret_cast<const char *>(from) + piece * 16);
-        }
-    }
-    float own_a = 0.0f, own_b = 0.0f;
-    if ((int)threadIdx.x < T) {
-        own_a = gdn__to_f32(static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, threadIdx.x, head)]);
-        own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, threadIdx.x, head)]);
-    }
-
     const int h = min(max(p.ring_count[r], 0), C);
     const bool verify = p.deferred_verify && T > 0;
     bool flush, keep;
@@ -274,6 +283,30 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     for (int m = threadIdx.x; m < h; m += blockDim.x) /* log decays (cumulative sums below) */
         s.logd[m] = token_log_decay(gdn__to_f32(reinterpret_cast<const I *>(ring_r + m * record_bytes + a_offset)[head]),
                                     A, dt_bias);
+    /* The preceding kernel (overlap_preceding) writes the step's inputs. */
+    if (p.overlap_preceding) gdn__wait_preceding();
+    gdn__allow_dependents();
+
+    /* The step's own k and q (raw rows C.. and C + T..; records take rows 0..h-1), or with the conv
+     * its x, and gate inputs. */
+    if (conv) {
+        for (int t = warp; t < T; t += warps)
+            stage_conv_row<K, I>(mc, raw + (size_t)(window_rows + C + t) * mc.pitch,
+                                 static_cast<const I *>(p.mixer.x) + gdn__at(p.mixer.x_strides, i, t, 0), lane);
+    } else {
+        for (int c = threadIdx.x; c < 2 * T * CHUNKS; c += blockDim.x) {
+            const int m = c / CHUNKS, piece = c % CHUNKS, t = m % T;
+            const I *from = m < T ? static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh)
+                                  : static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, t, kh);
+            gdn__copy_async16(s.raw + (size_t)(C + m) * K + piece * 8, reinterpret_cast<const char *>(from) + piece * 16);
+        }
+    }
+    float own_a = 0.0f, own_b = 0.0f;
+    if ((int)threadIdx.x < T) {
+        own_a = gdn__to_f32(static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, threadIdx.x, head)]);
+        own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, threadIdx.x, head)]);
+    }
+
     if ((int)threadIdx.x < T) {
         const float l = token_log_decay(own_a, A, dt_bias);
         s.logd[h + threadIdx.x] = l;
@@ -301,15 +334,21 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
                                                     T, rows, gdn__row_parents(p.parents, i, T), h);
         __syncthreads();
     }
-    for (int item = warp; item < E + T; item += warps) {
-        if (conv) { /* in place */
+    if (conv) { /* in place, a warp a row */
+        for (int item = warp; item < E + T; item += warps) {
             float *const row = item < E ? s.khat + (size_t)item * K : s.qhat + (size_t)(item - E) * K;
             normalise_row<K, float>(p, row, row, item < E ? 1.0f : p.scale, lane);
-            continue;
         }
-        const I *raw_row = reinterpret_cast<const I *>(s.raw) + (size_t)(item < h ? item : C + item - h) * K; /* records, own k, own q */
-        if (item < E) normalise_row<K, I>(p, raw_row, s.khat + (size_t)item * K, 1.0f, lane);
-        else normalise_row<K, I>(p, raw_row, s.qhat + (size_t)(item - E) * K, p.scale, lane);
+    } else { /* from the raw copies (records, own k, own q), four lanes a row */
+        constexpr int NL = 4;
+        const int sub = lane / NL, sl = lane % NL, per_warp = 32 / NL;
+        for (int first = warp * per_warp; first < E + T; first += warps * per_warp) { /* uniform over the warp */
+            const int item = min(first + sub, E + T - 1); /* past the end: a row read again, not stored */
+            const bool store = first + sub < E + T;
+            const I *raw_row = reinterpret_cast<const I *>(s.raw) + (size_t)(item < h ? item : C + item - h) * K;
+            if (item < E) normalise_row_lanes<K, NL, I>(p, raw_row, s.khat + (size_t)item * K, 1.0f, sl, sub, store);
+            else normalise_row_lanes<K, NL, I>(p, raw_row, s.qhat + (size_t)(item - E) * K, p.scale, sl, sub, store);
+        }
     }
     /* Own token t's parent and ancestors (a chain: t - 1 and every earlier token; padding tokens
      * are no one's ancestors); its cumulative decay continues its parent's. */
@@ -346,21 +385,34 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
         s.c0[2 * t] = parent_of[t] >= 0 || h > 0 ? expf(before_of(t)) : 1.0f;
         s.c0[2 * t + 1] = expf(s.logd[h + t]);
     }
-    for (int t = 0; t < T; t++) {
-        if (!((plan.live >> t) & 1u)) continue; /* uniform: a padding token's coefficients are never read */
-        const float before = before_of(t), after = s.logd[h + t];
-        for (int m = warp; m <= h + t; m += warps) {
-            if (m >= h && m < h + t && !((ancestors_of[t] >> (m - h)) & 1u)) { /* not on t's path */
-                if (lane == 0) s.cq[t * E + m] = 0.0f, s.ck[t * E + m] = 0.0f;
-                continue;
-            }
-            const float dq = warp_dot<K>(s.khat + (size_t)m * K, s.qhat + (size_t)t * K, lane);
-            const float dk = m < h + t ? warp_dot<K>(s.khat + (size_t)m * K, s.khat + (size_t)(h + t) * K, lane) : 0.0f;
-            if (lane == 0) {
-                s.cq[t * E + m] = expf(after - s.logd[m]) * dq;
-                s.ck[t * E + m] = m < h + t ? expf(before - s.logd[m]) * dk : 0.0f;
-            }
+    /* The coefficients, a thread a (own token t, entry m) pair: both of the pair's dot products in
+     * one pass over K, its 16-byte pieces in an order rotated by the pair so that the threads of a
+     * warp read different banks (a warp a pair chained five shuffles a dot product, slower). */
+    const int pairs = T * (h + 1) + T * (T - 1) / 2;
+    for (int pair = threadIdx.x; pair < pairs; pair += blockDim.x) {
+        int t = 0, m = pair;
+        while (m > h + t) m -= h + t + 1, t++;
+        if (!((plan.live >> t) & 1u)) continue; /* a padding token's coefficients are never read */
+        if (m >= h && m < h + t && !((ancestors_of[t] >> (m - h)) & 1u)) { /* not on t's path */
+            s.cq[t * E + m] = 0.0f, s.ck[t * E + m] = 0.0f;
+            continue;
         }
+        const float *km = s.khat + (size_t)m * K, *qt = s.qhat + (size_t)t * K, *kt = s.khat + (size_t)(h + t) * K;
+        float4 aq = make_float4(0.0f, 0.0f, 0.0f, 0.0f), ak = aq;
+#pragma unroll 8
+        for (int c = 0; c < K / 4; c++) {
+            const int col = ((c + pair) & (K / 4 - 1)) * 4;
+            const float4 x = *reinterpret_cast<const float4 *>(km + col);
+            const float4 y = *reinterpret_cast<const float4 *>(qt + col);
+            const float4 z = *reinterpret_cast<const float4 *>(kt + col);
+            aq.x = fmaf(x.x, y.x, aq.x), aq.y = fmaf(x.y, y.y, aq.y);
+            aq.z = fmaf(x.z, y.z, aq.z), aq.w = fmaf(x.w, y.w, aq.w);
+            ak.x = fmaf(x.x, z.x, ak.x), ak.y = fmaf(x.y, z.y, ak.y);
+            ak.z = fmaf(x.z, z.z, ak.z), ak.w = fmaf(x.w, z.w, ak.w);
+        }
+        const float dq = (aq.x + aq.y) + (aq.z + aq.w), dk = (ak.x + ak.y) + (ak.z + ak.w);
+        s.cq[t * E + m] = expf(s.logd[h + t] - s.logd[m]) * dq;
+        s.ck[t * E + m] = m < h + t ? expf(before_of(t) - s.logd[m]) * dk : 0.0f;
     }
     __syncthreads();
 
@@ -581,12 +633,22 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
 #ifndef GDN__RING_MIXER_MIN_CTAS
 #define GDN__RING_MIXER_MIN_CTAS 256
 #endif
+/* A verify's preparation (every token's and record's normalised k and q, their coefficients) is a
+ * chain of its own in every CTA of a head: the verifies keep CTAs of 4 warps down to this many CTAs
+ * (on small grids one-warp CTAs ran that chain on one warp each, slower; bench/results/
+ * 2026-11-29-h200-ring-verify-preparation.md). */
+#ifndef GDN__RING_VERIFY_MIN_CTAS
+#define GDN__RING_VERIFY_MIN_CTAS 256
+#endif
 
 template <int K, typename S, typename I, typename O, int REGS, bool ONE_TOKEN, bool MIXER>
 static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 {
     using Geo = layer_geometry<K, S, REGS, true>;
-    const int warps = warps_for<Geo>(p, 1, MIXER ? GDN__RING_MIXER_MIN_CTAS : GDN__SMALL_GRID_CTAS);
+    const int warps =
+        warps_for<Geo>(p, 1, MIXER       ? GDN__RING_MIXER_MIN_CTAS
+                             : ONE_TOKEN ? GDN__SMALL_GRID_CTAS
+                                         : GDN__RING_VERIFY_MIN_CTAS);
     if (p->V % (warps * Geo::ROWS_PER_WARP) != 0) return GDN_ENOTSUP;
     const int pass_rows = warps * Geo::ROWS_PER_WARP;
     int passes = 1;
@@ -620,12 +682,13 @@ static gdn_status launch_regs(const gdn__layer_params *p, cudaStream_t stream)
 }
 
 /* The instance holding as many state values a thread as state_regs_for picks for this grid. The
- * mixer's bf16 chain verifies take the big instance from a quarter of the usual grid; trees and
- * per-row counts do not: without the mixer, those ran slower with it there. */
+ * verifies take the big instance from a quarter of the usual grid (fewer CTAs, so fewer
+ * preparations); with the mixer only its bf16 chains do (its trees, per-row counts and fp32 chains
+ * were not measured so). */
 template <int K, typename S, typename I, typename O, bool ONE_TOKEN, bool MIXER>
 static gdn_status launch_tokens(const gdn__layer_params *p, cudaStream_t stream)
 {
-    const bool big_early = !ONE_TOKEN && MIXER && sizeof(S) == 2 && !p->parents && !p->token_counts;
+    const bool big_early = !ONE_TOKEN && (!MIXER || (sizeof(S) == 2 && !p->parents && !p->token_counts));
     switch (state_regs_for<K, S, true>(p, ONE_TOKEN, big_early ? 1 : GDN__BIG_FROM_USUAL)) {
     case state_regs::big: return launch_regs<K, S, I, O, big_regs<S>(), ONE_TOKEN, MIXER>(p, stream);
     case state_regs::tiny: return launch_regs<K, S, I, O, GDN__STATE_REGS_TINY, ONE_TOKEN, MIXER>(p, stream);

@@ -50,15 +50,6 @@ template <int L> __device__ __forceinline__ float group_sum(float x)
     return x;
 }
 
-/* Dot product of two fp32 rows of K values (one warp; every lane gets the sum). */
-template <int K> __device__ __forceinline__ float warp_dot(const float *x, const float *y, int lane)
-{
-    float sum = 0.0f;
-#pragma unroll
-    for (int e = 0; e < K / 32; e++) sum = fmaf(x[lane + 32 * e], y[lane + 32 * e], sum);
-    return group_sum<32>(sum);
-}
-
 /* The per-token scalars of SPEC 1, in one place for both staging paths: the decay g = exp(-A
  * softplus(a + dt_bias)) (its log, for the ring strategy's cumulative decays) and beta = sigmoid(b); and
  * the scales that normalise k and q. */
