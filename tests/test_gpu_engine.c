@@ -462,11 +462,11 @@ Test(gpu_engine, every_device_allocation_and_capture_failure_is_reported_and_lea
  * caller's kernel allows its dependents at once, spins 2 ms and only then writes layer 1's inputs
  * (poisoned until then). Under every strategy, decode and verify + commit steps give outputs and
  * states bit-exact with a twin engine that has the overlap off and its inputs written up front. */
-static void late_inputs_are_waited_for(gdn_verify_strategy strategy, uint64_t seed)
+static void late_inputs_are_waited_for(gdn_verify_strategy strategy, gdn_dtype state_dtype, uint64_t seed)
 {
     gdn_engine *engines[2];
     for (int k = 0; k < 2; k++) {
-        gdn_engine_config c = test_config("qwen3-next", 3, GDN_DTYPE_BF16, 40, 32, 4);
+        gdn_engine_config c = test_config("qwen3-next", 3, state_dtype, 40, 32, 4);
         c.backend = GDN_BACKEND_CUDA;
         c.verify_strategy = strategy;
         c.graph_mode = GDN_GRAPHS_OFF;
@@ -546,17 +546,24 @@ static void late_inputs_are_waited_for(gdn_verify_strategy strategy, uint64_t se
 Test(gpu_engine, overlapped_launch_waits_for_late_inputs_cache, .timeout = 300)
 {
     test_require_gpu();
-    late_inputs_are_waited_for(GDN_VERIFY_CACHE, 31);
+    late_inputs_are_waited_for(GDN_VERIFY_CACHE, GDN_DTYPE_BF16, 31);
 }
 Test(gpu_engine, overlapped_launch_waits_for_late_inputs_fold, .timeout = 300)
 {
     test_require_gpu();
-    late_inputs_are_waited_for(GDN_VERIFY_FOLD, 32);
+    late_inputs_are_waited_for(GDN_VERIFY_FOLD, GDN_DTYPE_BF16, 32);
 }
 Test(gpu_engine, overlapped_launch_waits_for_late_inputs_ring, .timeout = 300)
 {
     test_require_gpu();
-    late_inputs_are_waited_for(GDN_VERIFY_RING, 33);
+    late_inputs_are_waited_for(GDN_VERIFY_RING, GDN_DTYPE_BF16, 33);
+}
+/* With fp32 state the ring's verifies run its one-kernel step, which reads the records before its
+ * wait and the step's inputs after it (bf16 chains take the streamed kernel). */
+Test(gpu_engine, overlapped_launch_waits_for_late_inputs_ring_f32, .timeout = 300)
+{
+    test_require_gpu();
+    late_inputs_are_waited_for(GDN_VERIFY_RING, GDN_DTYPE_F32, 34);
 }
 
 Test(gpu_engine, fold_strategy_runs_on_the_gpu_with_auto_backend)
