@@ -339,8 +339,11 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
             float *const row = item < E ? s.khat + (size_t)item * K : s.qhat + (size_t)(item - E) * K;
             normalise_row<K, float>(p, row, row, item < E ? 1.0f : p.scale, lane);
         }
-    } else { /* from the raw copies (records, own k, own q), four lanes a row */
-        constexpr int NL = 4;
+    } else { /* from the raw copies (records, own k, own q), NL lanes a row */
+        /* 16 values a lane with fp32 state and no mixer; 4 lanes a row elsewhere: the bf16-state
+         * and mixer instances measured slower with 16 values a lane, in code outside this branch
+         * (bench/results/2026-11-30-h200-ring-normalise-lanes.md). */
+        constexpr int NL = sizeof(S) == 4 && !MIXER ? K / 16 : 4;
         const int sub = lane / NL, sl = lane % NL, per_warp = 32 / NL;
         for (int first = warp * per_warp; first < E + T; first += warps * per_warp) { /* uniform over the warp */
             const int item = min(first + sub, E + T - 1); /* past the end: a row read again, not stored */
