@@ -14,8 +14,9 @@
  *      row's record count h and copy the records' raw k (the head's key head) and the CTA's rows of
  *      their u (cp.async into shared memory), all before the wait for the preceding kernel (which
  *      writes none of them); after it, copy the step's raw k, q.
- *   2. Normalise every k and q (four lanes a row), prefix-sum the log decays, and form, per own
- *      token t and entry m, the coefficients of u_m in S k^_t and S q^_t (a thread a pair).
+ *   2. Normalise every k and q (a few lanes a row; the conv's outputs a warp a row), prefix-sum the
+ *      log decays, and form, per own token t and entry m, the coefficients of u_m in S k^_t and
+ *      S q^_t (a thread a pair).
  *   3. Per pass (a CTA owns up to GDN__RING_MAX_PASSES pass tiles of one head, so that one
  *      preparation serves up to a whole head on large grids), per state row: S0.k^_t and S0.q^_t over
  *      the thread's slice, each lane adding its share of the records' terms (record j goes to lane
