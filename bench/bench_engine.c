@@ -418,6 +418,7 @@ static int tp_main(const gdn_engine_config *base, int tp, const int32_t *tokens,
 /* A -Dphase_trace=true build (kernels/gdn_phase_trace.cuh): the layer kernels' last records. */
 void gdn__phase_trace_dump_layer(const char *path);
 void gdn__phase_trace_dump_mixer(const char *path);
+void gdn__phase_trace_dump_ring_decode(const char *path);
 static void dump_phase_trace(void)
 {
     const char *dir = getenv("GDN_PHASE_TRACE_DIR");
@@ -425,6 +426,7 @@ static void dump_phase_trace(void)
     if (!dir) return;
     snprintf(path, sizeof path, "%s/layer.bin", dir), gdn__phase_trace_dump_layer(path);
     snprintf(path, sizeof path, "%s/mixer.bin", dir), gdn__phase_trace_dump_mixer(path);
+    snprintf(path, sizeof path, "%s/ring_stream.bin", dir), gdn__phase_trace_dump_ring_decode(path);
 }
 #endif
 

@@ -32,6 +32,7 @@
 #include "cuda_common.cuh"
 #include "gdn_cuda.h"
 #include "gdn_cuda_rows.cuh"
+#include "gdn_phase_trace.cuh"
 
 /* The scratch of one (row, value head): header slots, then three arrays of capacity + 1 at
  * PREP_HEADER + {0, 1, 2} gdn__ring_prep_stride(capacity):
@@ -1008,6 +1009,10 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
     const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, V), u_offset = gdn__ring_u_offset(HK, HV, K);
     const int prep_floats = gdn__ring_prep_floats(C); /* what a preparation kernel wrote (forms that do not prepare) */
     const int T = TOK > 1 ? p.T : 1;
+    /* Phase trace (-Dphase_trace=true): start, issued / waited / inputs by group 0's producer (the
+     * first stages' copies, past the wait, the first item's tokens), conv / prepared / set 0 by
+     * consumer thread 0 (its first stage landed, its tokens prepared, its first item done). */
+    GDN__PHASE_BEGIN();
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < stages; s++) barrier_init(&full[s], 33), barrier_init(&empty[s], Lay::GROUP_WARPS * 32);
@@ -1111,9 +1116,12 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             }
         }
         at = group_walk((int)blockIdx.x + pg * (int)gridDim.x, GROUPS * (int)gridDim.x, HV, tiles, runs);
+        const bool traces = pg == 0 && lane == 0;
+        if (traces) GDN__PHASE_BY(GDN__PHASE_ISSUED);
         if constexpr (Lay::PREPARES) load_counts(0);
         if (p.overlap_preceding) gdn__wait_preceding();
         gdn__allow_dependents();
+        if (traces) GDN__PHASE_BY(GDN__PHASE_WAITED);
 
         for (int it = 0, s = pg, use = 0; it < my_count;
              it++, at.next(HV, tiles), s += GROUPS, use += s >= stages, s -= s >= stages ? stages : 0) {
@@ -1162,6 +1170,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                 barrier_arrive(&full[s]);
             }
             barrier_arrive_after_copies(&full[s]);
+            if (traces && it == 0) GDN__PHASE_BY(GDN__PHASE_INPUTS);
         }
         return;
     }
@@ -1197,6 +1206,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             A_log = p.A_log[head], dt_bias = p.dt_bias[head];
         }
         barrier_wait(&full[s], (unsigned)use & 1);
+        if (it == 0) GDN__PHASE(GDN__PHASE_CONV);
         const int *header = reinterpret_cast<const int *>(stage);
         const int kind = header[ITEM_KIND];
         /* The forms after a preparation kernel: the row moves its count once its last item has begun
@@ -1254,6 +1264,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                 }
             }
         }
+        if (it == 0) GDN__PHASE(GDN__PHASE_PREPARED);
         if constexpr (MMA) {
             if constexpr (TOK > 1)
                 consume_mma_verify<K, I, O, Lay>(p, stage, lay, prep_blocks, kind, i, head, tile, out_base, gwarp, lane, gwarp == 0 && lane == 0);
@@ -1323,11 +1334,13 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
          * every read of the stage against the producer's next writes; a two-warp probe of the
          * pattern shows the same, bench/results/2026-11-27-h100-ring-racecheck.md). */
         barrier_arrive(&empty[s]);
+        if (it == 0) GDN__PHASE(GDN__PHASE_SET0);
         if (counts_in && arrival + 1u == (unsigned)row_items) {
             p.ring_count[count_slot] = next_count;
             p.arrivals[i] = 0;
         }
     }
+    GDN__PHASE_FINISH();
 #else
     __trap(); /* launched only where sm_90 code is loaded (stream_state_pass_applies) */
 #endif
@@ -1581,3 +1594,5 @@ extern "C" gdn_status gdn__cuda_ring_decode(const gdn__layer_params *p, void *st
 {
     return dispatch(p, static_cast<cudaStream_t>(stream), true);
 }
+
+GDN__PHASE_TRACE_DUMPER(ring_decode)

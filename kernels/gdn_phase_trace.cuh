@@ -52,6 +52,13 @@ __device__ __forceinline__ void gdn__phase_begin()
     gdn__phase_put(GDN__PHASE_SM, sm | (unsigned long long)(gridDim.x * gridDim.y) << 32);
 }
 #define GDN__PHASE(at) gdn__phase_put((at), clock64())
+/* The same from the one thread of the CTA that calls it (a producer warp's lane) */
+__device__ __forceinline__ void gdn__phase_put_by(int at)
+{
+    const unsigned cta = blockIdx.y * gridDim.x + blockIdx.x;
+    if (cta < GDN__PHASE_TRACE_CTAS) gdn__phase_records[cta * GDN__PHASE_RECORD + at] = clock64();
+}
+#define GDN__PHASE_BY(at) gdn__phase_put_by(at)
 #define GDN__PHASE_BEGIN() gdn__phase_begin()
 #define GDN__PHASE_FINISH() (GDN__PHASE(GDN__PHASE_END), gdn__phase_put(GDN__PHASE_END_NS, gdn__phase_ns()))
 /* The host side of one translation unit's buffer: extern "C" void gdn__phase_trace_dump_NAME(path). */
@@ -67,6 +74,7 @@ __device__ __forceinline__ void gdn__phase_begin()
     }
 #else
 #define GDN__PHASE(at) ((void)0)
+#define GDN__PHASE_BY(at) ((void)0)
 #define GDN__PHASE_BEGIN() ((void)0)
 #define GDN__PHASE_FINISH() ((void)0)
 #define GDN__PHASE_TRACE_DUMPER(name)

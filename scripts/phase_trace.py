@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """Summarise a layer kernel's phase trace (a -Dphase_trace=true build; kernels/gdn_phase_trace.cuh).
 
-    GDN_PHASE_TRACE_DIR=DIR gdn-bench --engine --bucket 64 --tokens 1 ...   # writes DIR/layer.bin, mixer.bin
-    scripts/phase_trace.py DIR/mixer.bin
+    GDN_PHASE_TRACE_DIR=DIR gdn-bench --engine --bucket 64 --tokens 1 ...   # writes DIR/layer.bin, mixer.bin,
+    scripts/phase_trace.py DIR/mixer.bin                                    # ring_stream.bin
+
+ring_stream.bin is the ring's streamed kernel (kernels/gdn_cuda_ring_decode.cu), whose slots mean
+other things: issued / waited / inputs are its first producer's (the first stages' copies issued,
+past the wait, the first item's tokens issued), conv is consumer thread 0's first stage landed,
+prepared its tokens prepared, set 0 its first item done.
 
 The records are the last launch's of each CTA index (numpy only). For each pair of consecutive
 phases that every CTA recorded: the mean, 10th, 50th and 90th percentile time between them in ns
