@@ -415,7 +415,7 @@ static int tp_main(const gdn_engine_config *base, int tp, const int32_t *tokens,
 }
 
 #ifdef GDN_PHASE_TRACE
-/* A -Dphase_trace=true build (kernels/gdn_phase_trace.cuh): the layer kernels' last records. */
+/* A -Dphase_trace=true build (kernels/gdn_phase_trace.cuh): the layer and ring kernels' last records. */
 void gdn__phase_trace_dump_layer(const char *path);
 void gdn__phase_trace_dump_mixer(const char *path);
 void gdn__phase_trace_dump_ring_decode(const char *path);

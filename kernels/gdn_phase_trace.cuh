@@ -1,10 +1,11 @@
 /*
- * A developer's trace of where a layer-kernel CTA spends its time (`meson setup -Dphase_trace=true`;
- * off by default, and then every marker compiles to nothing). Thread 0 of each CTA records clock64
- * at the kernel's phase boundaries (gdn__phase), %globaltimer at its start and end, and its SM, into
- * a buffer of its translation unit that every launch overwrites: the records are the last launch's
- * of each CTA index. gdn-bench writes them to GDN_PHASE_TRACE_DIR/{layer,mixer}.bin when that is
- * set; scripts/phase_trace.py reads them (bench/results/2026-11-29-h200-mixer-decode-conv-taps.md).
+ * A developer's trace of where a layer-kernel (or ring streamed kernel) CTA spends its time (`meson
+ * setup -Dphase_trace=true`; off by default, and then every marker compiles to nothing). Thread 0 of
+ * each CTA (GDN__PHASE_BY: whichever one thread calls it) records clock64 at the kernel's phase
+ * boundaries (gdn__phase), %globaltimer at its start and end, and its SM, into a buffer of its
+ * translation unit that every launch overwrites: the records are the last launch's of each CTA
+ * index. gdn-bench writes them to GDN_PHASE_TRACE_DIR/{layer,mixer,ring_stream}.bin when that is set;
+ * scripts/phase_trace.py reads them (bench/results/2026-11-29-h200-mixer-decode-conv-taps.md).
  */
 #ifndef GDN_PHASE_TRACE_CUH
 #define GDN_PHASE_TRACE_CUH
@@ -32,10 +33,15 @@ enum gdn__phase {
 #define GDN__PHASE_TRACE_CTAS 8192
 __device__ unsigned long long gdn__phase_records[GDN__PHASE_TRACE_CTAS * GDN__PHASE_RECORD];
 
-__device__ __forceinline__ void gdn__phase_put(int at, unsigned long long value)
+/* Slot `at` of the calling CTA's record (one thread of the CTA calls it) */
+__device__ __forceinline__ void gdn__phase_record(int at, unsigned long long value)
 {
     const unsigned cta = blockIdx.y * gridDim.x + blockIdx.x;
-    if (threadIdx.x == 0 && cta < GDN__PHASE_TRACE_CTAS) gdn__phase_records[cta * GDN__PHASE_RECORD + at] = value;
+    if (cta < GDN__PHASE_TRACE_CTAS) gdn__phase_records[cta * GDN__PHASE_RECORD + at] = value;
+}
+__device__ __forceinline__ void gdn__phase_put(int at, unsigned long long value)
+{
+    if (threadIdx.x == 0) gdn__phase_record(at, value);
 }
 __device__ __forceinline__ unsigned long long gdn__phase_ns()
 {
@@ -52,13 +58,7 @@ __device__ __forceinline__ void gdn__phase_begin()
     gdn__phase_put(GDN__PHASE_SM, sm | (unsigned long long)(gridDim.x * gridDim.y) << 32);
 }
 #define GDN__PHASE(at) gdn__phase_put((at), clock64())
-/* The same from the one thread of the CTA that calls it (a producer warp's lane) */
-__device__ __forceinline__ void gdn__phase_put_by(int at)
-{
-    const unsigned cta = blockIdx.y * gridDim.x + blockIdx.x;
-    if (cta < GDN__PHASE_TRACE_CTAS) gdn__phase_records[cta * GDN__PHASE_RECORD + at] = clock64();
-}
-#define GDN__PHASE_BY(at) gdn__phase_put_by(at)
+#define GDN__PHASE_BY(at) gdn__phase_record((at), clock64()) /* from whichever one thread calls it */
 #define GDN__PHASE_BEGIN() gdn__phase_begin()
 #define GDN__PHASE_FINISH() (GDN__PHASE(GDN__PHASE_END), gdn__phase_put(GDN__PHASE_END_NS, gdn__phase_ns()))
 /* The host side of one translation unit's buffer: extern "C" void gdn__phase_trace_dump_NAME(path). */
