@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Summarise a layer kernel's phase trace (a -Dphase_trace=true build; kernels/gdn_phase_trace.cuh).
 
-    GDN_PHASE_TRACE_DIR=DIR gdn-bench --engine --bucket 64 --tokens 1 ...   # writes DIR/layer.bin, mixer.bin,
-    scripts/phase_trace.py DIR/mixer.bin                                    # ring_stream.bin
+    GDN_PHASE_TRACE_DIR=DIR gdn-bench --engine --bucket 64 --tokens 1 ...   # writes DIR/{layer,mixer,ring_stream}.bin
+    scripts/phase_trace.py DIR/mixer.bin
 
 ring_stream.bin is the ring's streamed kernel (kernels/gdn_cuda_ring_decode.cu), whose slots mean
 other things: issued / waited / inputs are its first producer's (the first stages' copies issued,
