@@ -162,7 +162,11 @@ void gdn__conv_pool_strides(const gdn_engine_config *c, int64_t *slot, int64_t *
 static gdn_verify_strategy resolved_strategy(const gdn_engine_config *c)
 {
     if (c->verify_strategy != GDN_VERIFY_AUTO) return c->verify_strategy;
-    if (c->max_tokens <= 1) return GDN_VERIFY_CACHE;
+    if (c->max_tokens <= 1) { /* decode only: the ring where its decode can run and runs faster */
+        const int64_t heads = (int64_t)c->max_batch * c->model.num_v_heads;
+        const int64_t above = c->state_dtype == GDN_DTYPE_F32 ? GDN_AUTO_RING_HEADS_F32 : GDN_AUTO_RING_HEADS_BF16;
+        return !c->state_pool && !gdn__config_mixer_on(c) && heads > above ? GDN_VERIFY_RING : GDN_VERIFY_CACHE;
+    }
     /* with the mixer the cache wins small engines: bf16 state below max_batch 16, fp32 below 4 */
     if (gdn__config_mixer_on(c))
         return c->max_batch >= (c->state_dtype == GDN_DTYPE_F32 ? 4 : 16) ? GDN_VERIFY_FOLD : GDN_VERIFY_CACHE;
@@ -174,7 +178,7 @@ static gdn_verify_strategy resolved_strategy(const gdn_engine_config *c)
 int32_t gdn__mixer_scratch_tokens(const gdn_engine_config *c)
 {
     const gdn_verify_strategy strategy = resolved_strategy(c);
-    const int32_t length = c->ring_length ? c->ring_length : GDN_DEFAULT_RING_LENGTH;
+    const int32_t length = gdn__ring_length_or_default(c->ring_length, c->max_tokens);
     const int32_t before = strategy == GDN_VERIFY_FOLD   ? c->max_tokens
                            : strategy == GDN_VERIFY_RING ? (length > c->max_tokens ? length : c->max_tokens)
                                                          : 0;
@@ -226,7 +230,7 @@ static gdn_status check_sizes(const gdn_engine_config *c)
                                   : gdn__token_elems(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v)) *
                    in_size;
         } else {
-            const int64_t length = c->ring_length ? c->ring_length : GDN_DEFAULT_RING_LENGTH;
+            const int64_t length = gdn__ring_length_or_default(c->ring_length, c->max_tokens);
             side = (length > tokens ? length : tokens) *
                    (conv ? gdn__mixer_record_bytes((int32_t)C, m->num_v_heads, m->head_dim_v)
                          : gdn__ring_record_bytes(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v));
@@ -378,7 +382,7 @@ gdn_status gdn__config_resolve(const gdn_engine_config *config, gdn_engine_confi
     const char *overlap = getenv("GDN_LAUNCH_OVERLAP");
     if (overlap && strcmp(overlap, "0") == 0) resolved->launch_overlap = 0;
     resolved->verify_strategy = resolved_strategy(resolved);
-    if (resolved->ring_length == 0) resolved->ring_length = GDN_DEFAULT_RING_LENGTH;
+    resolved->ring_length = gdn__ring_length_or_default(resolved->ring_length, resolved->max_tokens);
     resolved->ring_write_through =
         gdn__ring_write_through_rows(resolved->ring_write_through, resolved->model.num_v_heads, resolved->state_dtype,
                                      resolved->mixer.conv_width > 0, resolved->max_batch);

@@ -27,6 +27,13 @@ int32_t gdn__mixer_scratch_tokens(const gdn_engine_config *c);
 int32_t gdn__ring_write_through_rows(int32_t option, int32_t num_v_heads, gdn_dtype state_dtype, int conv,
                                      int32_t max_batch);
 
+/* The ring length for the option `ring_length` (0: the default, GDN_DEFAULT_RING_LENGTH, or
+ * GDN_DEFAULT_DECODE_RING_LENGTH with max_tokens 1). */
+static inline int32_t gdn__ring_length_or_default(int32_t ring_length, int32_t max_tokens)
+{
+    return ring_length ? ring_length : max_tokens > 1 ? GDN_DEFAULT_RING_LENGTH : GDN_DEFAULT_DECODE_RING_LENGTH;
+}
+
 /* The smallest bucket >= batch of a resolved configuration (batch <= max_batch). */
 int32_t gdn__bucket_for(const gdn_engine_config *resolved, int32_t batch);
 

@@ -78,7 +78,7 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
             l.side_bytes = op->max_tokens * (conv ? gdn__mixer_token_elems(C, HV) : gdn__token_elems(HK, HV, K, V)) * in_size;
             tokens_before_own = op->max_tokens;
         } else {
-            l.ring_length = op->ring_length ? op->ring_length : GDN_DEFAULT_RING_LENGTH;
+            l.ring_length = gdn__ring_length_or_default(op->ring_length, op->max_tokens);
             l.ring_capacity = l.ring_length > op->max_tokens ? l.ring_length : op->max_tokens;
             l.ring = at;
             l.side_bytes = l.ring_capacity * (conv ? gdn__mixer_record_bytes(C, HV, V) : gdn__ring_record_bytes(HK, HV, K, V));

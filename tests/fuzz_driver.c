@@ -1641,11 +1641,16 @@ static int attach(fz *f)
     f->cfg = r;
     if (gdn_engine_backend(f->e) != GDN_BACKEND_CPU) return fail(f, "backend is not CPU"), 0;
     gdn_verify_strategy want = f->req.verify_strategy;
-    if (want == GDN_VERIFY_AUTO) /* (no mixer here) */
-        want = f->MT <= 1 || (f->sd == GDN_DTYPE_BF16 && f->MT == 2 && f->MB <= 2) ? GDN_VERIFY_CACHE : GDN_VERIFY_FOLD;
+    if (want == GDN_VERIFY_AUTO && f->MT <= 1) { /* (no mixer here) */
+        const int64_t above = f->sd == GDN_DTYPE_F32 ? GDN_AUTO_RING_HEADS_F32 : GDN_AUTO_RING_HEADS_BF16;
+        want = f->pool_mode == 0 && (int64_t)f->MB * f->HV > above ? GDN_VERIFY_RING : GDN_VERIFY_CACHE;
+    } else if (want == GDN_VERIFY_AUTO) {
+        want = f->sd == GDN_DTYPE_BF16 && f->MT == 2 && f->MB <= 2 ? GDN_VERIFY_CACHE : GDN_VERIFY_FOLD;
+    }
     if (r->verify_strategy != want) return fail(f, "resolved strategy %d, expected %d", (int)r->verify_strategy, (int)want), 0;
     f->strategy = r->verify_strategy;
-    if (r->ring_length != (f->req.ring_length ? f->req.ring_length : GDN_DEFAULT_RING_LENGTH))
+    const int32_t default_length = f->MT > 1 ? GDN_DEFAULT_RING_LENGTH : GDN_DEFAULT_DECODE_RING_LENGTH;
+    if (r->ring_length != (f->req.ring_length ? f->req.ring_length : default_length))
         return fail(f, "resolved ring_length %d", r->ring_length), 0;
     const float want_scale = f->req.model.scale == 0.0f ? 1.0f / sqrtf((float)f->K) : f->req.model.scale;
     if (r->model.scale != want_scale) return fail(f, "resolved scale %g, expected %g", r->model.scale, want_scale), 0;

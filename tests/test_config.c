@@ -278,7 +278,9 @@ Test(config, auto_strategy_follows_the_measured_rule)
 {
     /* bench/results/2026-11-27-h100-auto-strategy.md: without the mixer FOLD for every draft except
      * two-token drafts of one or two rows with bf16 state; with the mixer FOLD from max_batch 16, with
-     * fp32 state from 4 (2026-11-27-h100-mixer-verify-conv.md) */
+     * fp32 state from 4 (2026-11-27-h100-mixer-verify-conv.md). Decode only (max_tokens 1), without
+     * the mixer: RING above GDN_AUTO_RING_HEADS_F32 / _BF16 row-heads (tiny: 4 value heads), else
+     * CACHE (2026-11-30-h200-decode-only-ring.md). */
     const struct { int32_t max_tokens, max_batch; gdn_dtype state; int mixer; gdn_verify_strategy expected; } cases[] = {
         {1, 16, GDN_DTYPE_F32, 0, GDN_VERIFY_CACHE},  {1, 1, GDN_DTYPE_BF16, 0, GDN_VERIFY_CACHE},
         {2, 1, GDN_DTYPE_F32, 0, GDN_VERIFY_FOLD},    {2, 1, GDN_DTYPE_BF16, 0, GDN_VERIFY_CACHE},
@@ -288,7 +290,10 @@ Test(config, auto_strategy_follows_the_measured_rule)
         {4, 8, GDN_DTYPE_F32, 1, GDN_VERIFY_FOLD},    {4, 4, GDN_DTYPE_F32, 1, GDN_VERIFY_FOLD},
         {4, 3, GDN_DTYPE_F32, 1, GDN_VERIFY_CACHE},   {4, 8, GDN_DTYPE_BF16, 1, GDN_VERIFY_CACHE},
         {4, 15, GDN_DTYPE_BF16, 1, GDN_VERIFY_CACHE}, {2, 16, GDN_DTYPE_BF16, 1, GDN_VERIFY_FOLD},
-        {1, 32, GDN_DTYPE_F32, 1, GDN_VERIFY_CACHE}};
+        {1, 32, GDN_DTYPE_F32, 1, GDN_VERIFY_CACHE},  {1, 64, GDN_DTYPE_F32, 0, GDN_VERIFY_CACHE},
+        {1, 65, GDN_DTYPE_F32, 0, GDN_VERIFY_RING},   {1, 65, GDN_DTYPE_F32, 1, GDN_VERIFY_CACHE},
+        {1, 1024, GDN_DTYPE_BF16, 0, GDN_VERIFY_CACHE}, {1, 1025, GDN_DTYPE_BF16, 0, GDN_VERIFY_RING},
+        {2, 1025, GDN_DTYPE_BF16, 0, GDN_VERIFY_FOLD}};
     for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
         gdn_engine_config c = valid();
         c.verify_strategy = GDN_VERIFY_AUTO;
@@ -306,12 +311,37 @@ Test(config, auto_strategy_follows_the_measured_rule)
         gdn_memory_report r;
         cr_assert_eq(gdn_engine_memory(e, &r), GDN_OK);
         /* what each strategy allocates, so the choice is not only a reported label */
-        if (cases[n].expected == GDN_VERIFY_FOLD) cr_assert(r.verify_cache == 0 && r.token_store > 0);
-        else cr_assert(r.verify_cache > 0 && r.token_store == 0);
-        cr_assert_eq(r.ring, 0, "AUTO never picks the ring strategy");
+        if (cases[n].expected == GDN_VERIFY_FOLD) cr_assert(r.verify_cache == 0 && r.token_store > 0 && r.ring == 0);
+        else if (cases[n].expected == GDN_VERIFY_RING) cr_assert(r.verify_cache == 0 && r.token_store == 0 && r.ring > 0);
+        else cr_assert(r.verify_cache > 0 && r.token_store == 0 && r.ring == 0);
+        if (cases[n].expected == GDN_VERIFY_RING) /* a decode-only engine's default ring length */
+            cr_assert_eq(gdn_engine_get_config(e)->ring_length, GDN_DEFAULT_DECODE_RING_LENGTH);
         gdn_engine_destroy(e);
         cr_assert_eq(c.verify_strategy, GDN_VERIFY_AUTO, "create must not change the caller's config");
     }
+}
+
+/* AUTO keeps the cache strategy for a decode-only engine over the caller's state pool, whatever its
+ * size: the caller may read its own pool, which a ring lets lag behind the steps. */
+Test(config, auto_keeps_the_cache_over_the_callers_pool)
+{
+    gdn_engine_config c = test_config("tiny", 2, GDN_DTYPE_F32, 80, 80, 1);
+    c.backend = GDN_BACKEND_CPU;
+    c.verify_strategy = GDN_VERIFY_AUTO;
+    const size_t slot_elems = 4 * 64 * 64;
+    float *pool = calloc(2 * 80 * slot_elems, sizeof(float));
+    cr_assert_not_null(pool);
+    for (int own = 0; own < 2; own++) {
+        gdn_engine_config ck = c;
+        if (own) ck.state_pool = pool;
+        gdn_engine *e = NULL;
+        cr_assert_eq(gdn_engine_create(&ck, &e), GDN_OK);
+        cr_assert_eq(gdn_engine_get_config(e)->verify_strategy, own ? GDN_VERIFY_CACHE : GDN_VERIFY_RING);
+        cr_assert_eq(gdn_engine_get_config(e)->ring_length, GDN_DEFAULT_DECODE_RING_LENGTH,
+                     "reported for every strategy");
+        gdn_engine_destroy(e);
+    }
+    free(pool);
 }
 
 Test(config, fold_strategy_allocates_a_token_store_instead_of_the_cache)
@@ -419,7 +449,9 @@ static wide workspace_bytes_wide(const gdn_engine_config *c, gdn_verify_strategy
             side = (wide)c->max_tokens * gdn__token_elems(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v) *
                    (wide)gdn_dtype_size(c->input_dtype);
         } else {
-            const int32_t length = c->ring_length ? c->ring_length : GDN_DEFAULT_RING_LENGTH;
+            const int32_t length = c->ring_length    ? c->ring_length
+                                   : c->max_tokens > 1 ? GDN_DEFAULT_RING_LENGTH
+                                                       : GDN_DEFAULT_DECODE_RING_LENGTH;
             side = (wide)(length > c->max_tokens ? length : c->max_tokens) *
                    gdn__ring_record_bytes(m->num_k_heads, m->num_v_heads, m->head_dim_k, m->head_dim_v);
         }

@@ -39,9 +39,10 @@ static scenario_result ring_scenario(gdn_dtype state_dtype, int32_t ring_length,
                 100 * r.worst_state, 100 * r.worst_output, r.ring_flush_decode, r.ring_flush_verify, r.ring_flush_fork,
                 r.ring_flush_read, r.ring_largest, (unsigned long long)r.ring_positions,
                 (unsigned long long)r.ring_flush_depths);
-    cr_assert_eq(r.ring_capacity, (ring_length ? ring_length : GDN_DEFAULT_RING_LENGTH) > max_tokens
-                                      ? (ring_length ? ring_length : GDN_DEFAULT_RING_LENGTH)
-                                      : max_tokens);
+    const int32_t length = ring_length       ? ring_length
+                           : max_tokens > 1 ? GDN_DEFAULT_RING_LENGTH
+                                            : GDN_DEFAULT_DECODE_RING_LENGTH;
+    cr_assert_eq(r.ring_capacity, length > max_tokens ? length : max_tokens);
     cr_assert_gt(r.verify_steps, steps / 5);
     cr_assert_gt(r.accepted_zero, 3);
     cr_assert_gt(r.accepted_full, 3);
@@ -271,7 +272,7 @@ Test(ring, step_path_allocates_no_host_memory)
     gdn_engine_destroy(e);
 }
 
-/* (g) Configuration: ring_length 0 resolves to 16, 4..32 is valid, 3 and 33 are GDN_ECONFIG_RING; the
+/* (g) Configuration: ring_length 0 resolves to 16 (8 with max_tokens 1), 4..32 is valid, 3 and 33 are GDN_ECONFIG_RING; the
  * ring strategy allocates its rings and neither the cache nor the token store. */
 Test(ring, configuration_and_memory)
 {
@@ -307,6 +308,20 @@ Test(ring, configuration_and_memory)
         gdn_engine_destroy(e);
     }
     cr_assert_eq(GDN_DEFAULT_RING_LENGTH, 16);
+    { /* a decode-only engine (max_tokens 1) takes the shorter default: half the memory */
+        gdn_engine_config d = test_config("tiny", 2, GDN_DTYPE_F32, 8, 8, 1);
+        d.verify_strategy = GDN_VERIFY_RING;
+        gdn_engine *e = NULL;
+        cr_assert_eq(gdn_engine_create(&d, &e), GDN_OK);
+        cr_assert_eq(gdn_engine_get_config(e)->ring_length, GDN_DEFAULT_DECODE_RING_LENGTH);
+        gdn_memory_report m;
+        cr_assert_eq(gdn_engine_memory(e, &m), GDN_OK);
+        const uint64_t records = 2ull * 8 * GDN_DEFAULT_DECODE_RING_LENGTH * (uint64_t)gdn__ring_record_bytes(2, 4, 64, 64);
+        cr_assert_geq(m.ring, records);
+        cr_assert_lt(m.ring, records / GDN_DEFAULT_DECODE_RING_LENGTH * (GDN_DEFAULT_DECODE_RING_LENGTH + 1),
+                     "capacity 8 records a slot, not 16");
+        gdn_engine_destroy(e);
+    }
     /* The capacity is max(ring_length, max_tokens): a ring of 4 with 16-token verifies holds 16. */
     c = test_config("tiny", 1, GDN_DTYPE_BF16, 4, 2, 16);
     c.verify_strategy = GDN_VERIFY_RING;

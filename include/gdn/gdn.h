@@ -152,9 +152,14 @@ typedef enum gdn_verify_strategy {
     GDN_VERIFY_FOLD = 1,
     /* The default (gdn_engine_config_init). With max_tokens > 1: without the mixer FOLD, except
      * CACHE for bf16 state with max_tokens 2 and max_batch <= 2; with the mixer FOLD from max_batch
-     * 16 (fp32 state: from 4), else CACHE. With max_tokens 1, CACHE. (The measurements behind the
-     * choice: bench/results/2026-11-27-h100-auto-strategy.md, 2026-11-27-h100-mixer-verify-conv.md.)
-     * AUTO never picks RING. gdn_engine_get_config reports the choice. */
+     * 16 (fp32 state: from 4), else CACHE. With max_tokens 1 (decode only): RING where the engine
+     * owns its state pools (state_pool NULL), has no mixer, and max_batch x num_v_heads exceeds
+     * GDN_AUTO_RING_HEADS_F32 or _BF16 by the state's dtype (its ring decode reads the state without
+     * writing it: faster from there, and with ring_length 0 its ring costs 8% of fp32 pools, 16% of
+     * bf16 ones, less than the cache strategy's verify cache of max_batch states a layer), else
+     * CACHE. (The measurements behind the choice: bench/results/2026-11-27-h100-auto-strategy.md,
+     * 2026-11-27-h100-mixer-verify-conv.md, 2026-11-30-h200-decode-only-ring.md.)
+     * gdn_engine_get_config reports the choice. */
     GDN_VERIFY_AUTO = 2,
     /* Each slot keeps, per layer, a checkpoint state (the pool) and a ring of up to ring_length
      * recent token records (k and a as given, and the token's fp32 correction u; SPEC 3 and the
@@ -176,6 +181,12 @@ typedef enum gdn_verify_strategy {
 #define GDN_MIN_RING_LENGTH 4
 #define GDN_MAX_RING_LENGTH 32
 #define GDN_DEFAULT_RING_LENGTH 16
+/* Ring strategy: ring_length 0 in an engine (or op layer) with max_tokens 1 (decode only) */
+#define GDN_DEFAULT_DECODE_RING_LENGTH 8
+/* AUTO takes RING for a decode-only engine above this many row-heads (max_batch x num_v_heads), by
+ * state dtype (GDN_VERIFY_AUTO) */
+#define GDN_AUTO_RING_HEADS_F32 256
+#define GDN_AUTO_RING_HEADS_BF16 4096
 /* Ring strategy: the default ring_write_through covers decode steps of at most this many row-heads
  * (rows x num_v_heads), by state dtype; with the mixer's conv it covers every decode step
  * (ring_write_through). */
@@ -290,7 +301,8 @@ typedef struct gdn_engine_config {
     int32_t num_buckets;    /* 0: the default list (1, 2, 4, 8, every 8 to 256, every 16 after) */
     int32_t buckets[GDN_MAX_BUCKETS]; /* padded batch sizes, strictly increasing, last == max_batch */
     gdn_verify_strategy verify_strategy;
-    int32_t ring_length;    /* GDN_VERIFY_RING: 0 (GDN_DEFAULT_RING_LENGTH) or 4..32, checked for every strategy */
+    int32_t ring_length;    /* GDN_VERIFY_RING: 0 (GDN_DEFAULT_RING_LENGTH; with max_tokens 1
+                             * GDN_DEFAULT_DECODE_RING_LENGTH) or 4..32, checked for every strategy */
     /* GDN_VERIFY_RING: a decode step of at most this many rows (its bucket) writes every row's state
      * back, as the cache strategy's decode does, instead of appending a record: on small grids the
      * step is bound by its latency chain, not by the state's bytes, and the write-back costs nothing

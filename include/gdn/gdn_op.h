@@ -77,7 +77,8 @@ typedef struct gdn_op_layer {
      * touched by ops with the same shape fields. */
     gdn_verify_strategy strategy;
     void *workspace;
-    int32_t max_batch;   /* the workspace's shape: most rows, most tokens, ring length (0: 16) */
+    int32_t max_batch;   /* the workspace's shape: most rows, most tokens, ring length (0: 16, or 8
+                          * with max_tokens 1: gdn.h's GDN_DEFAULT_DECODE_RING_LENGTH) */
     int32_t max_tokens;
     int32_t ring_length;
     /* RING decode steps of at most this many rows (batch) write every row's state back instead of
