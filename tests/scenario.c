@@ -103,11 +103,13 @@ scenario_result run_scenario(const scenario_options *o)
     config.verify_strategy = o->strategy;
     config.ring_length = o->ring_length;
     config.ring_write_through = o->ring_write_through ? o->ring_write_through : -1;
-    const int fold = o->strategy == GDN_VERIFY_FOLD, ring = o->strategy == GDN_VERIFY_RING;
     const int32_t check_every = o->check_every > 0 ? o->check_every : 1;
     float *params = NULL;
     gdn_engine *e = test_engine_create(&config, &rng, &params);
     config = *gdn_engine_get_config(e);
+    /* the strategy the engine runs (AUTO resolved) */
+    const int fold = config.verify_strategy == GDN_VERIFY_FOLD, ring = config.verify_strategy == GDN_VERIFY_RING;
+    result.strategy = config.verify_strategy;
     const int32_t L = o->layers, HV = config.model.num_v_heads, V = config.model.head_dim_v;
     /* Ring: a decode writes back when its ring would hold ring_length records, a verify when its T
      * records do not fit the capacity. */

@@ -47,6 +47,7 @@ typedef struct scenario_result {
     /* Ring strategy: write-backs, counted per request (the scenario's steps and checks cover every layer,
      * so every layer's ring holds the same number of records), and what the rings held. */
     int32_t ring_capacity;     /* the engine's: max(ring_length, max_tokens) */
+    gdn_verify_strategy strategy; /* the one the engine ran (AUTO resolved) */
     int32_t ring_flush_decode; /* a decode whose ring would hold ring_length records (h + 1 >= L) */
     int32_t ring_flush_verify; /* a verify that did not fit (h + T > capacity), not a fork */
     int32_t ring_flush_fork;   /* a fork (write slot != read slot) of a request with records (h > 0) */

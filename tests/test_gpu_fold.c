@@ -234,6 +234,37 @@ Test(gpu_fold, ring_large_batches_overlapped_match_the_host_model, .timeout = 90
     if (test_full_length()) cr_assert_gt(r.ring_flush_decode, 0);
 }
 
+/* A decode-only engine (max_tokens 1) of qwen3-next's heads with the default strategy above
+ * GDN_AUTO_RING_HEADS_F32 / _BF16 row-heads runs the ring (ring_length 8 by default), steps of up to
+ * the write-through's rows writing through as by default and larger ones appending, and matches the
+ * host model through its write-backs. */
+Test(gpu_fold, decode_only_auto_takes_the_ring_and_matches_the_host_model, .timeout = 900)
+{
+    test_require_gpu();
+    const gdn_dtype dtypes[] = {GDN_DTYPE_F32, GDN_DTYPE_BF16};
+    const int32_t above[] = {GDN_AUTO_RING_HEADS_F32, GDN_AUTO_RING_HEADS_BF16};
+    const int32_t through[] = {GDN_RING_WRITE_THROUGH_HEADS_F32, GDN_RING_WRITE_THROUGH_HEADS_BF16};
+    for (int d = 0; d < 2; d++) {
+        const int32_t max_batch = above[d] / 32 + 8; /* qwen3-next: 32 value heads */
+        scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                              .state_dtype = dtypes[d], .strategy = GDN_VERIFY_AUTO, .layers = 1, .steps = 40,
+                              .num_slots = max_batch + max_batch / 4, .max_batch = max_batch, .max_tokens = 1,
+                              .check_every = 8, .min_live = max_batch - 4, .ring_write_through = through[d] / 32,
+                              .seed = 790 + (uint64_t)d};
+        scenario_result r = run_scenario(&o);
+        cr_log_info("qwen3-next %s decode only, AUTO, max_batch %d: worst state %.1f%%, output %.1f%% of tolerance; "
+                    "ring capacity %d, decode write-backs %d, read %d; largest bucket %d",
+                    d ? "bf16" : "fp32", max_batch, 100 * r.worst_state, 100 * r.worst_output, r.ring_capacity,
+                    r.ring_flush_decode, r.ring_flush_read, r.largest_bucket);
+        cr_assert_eq(r.strategy, GDN_VERIFY_RING);
+        cr_assert_eq(r.ring_capacity, GDN_DEFAULT_DECODE_RING_LENGTH);
+        cr_assert_gt(r.largest_bucket, through[d] / 32, "steps past the write-through ran the ring decode");
+        if (test_full_length()) cr_assert_gt(r.ring_flush_decode, 0);
+        cr_assert_lt(r.worst_state, 1.0);
+        cr_assert_lt(r.worst_output, 1.0);
+    }
+}
+
 /* The ring strategy's step path allocates neither host memory of the library's nor device memory, with
  * every graph captured at creation: verifies that do not fit and their commits, decodes that fill and
  * write back rings, and steps after a slot with records was freed and handed out again. */

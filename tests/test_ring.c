@@ -272,6 +272,28 @@ Test(ring, step_path_allocates_no_host_memory)
     gdn_engine_destroy(e);
 }
 
+/* A decode-only engine (max_tokens 1) with the default strategy above GDN_AUTO_RING_HEADS_F32
+ * row-heads runs the ring with the decode-only ring length and matches the host model through its
+ * write-backs (tiny: 4 value heads; the CUDA twin: test_gpu_fold.c). */
+Test(ring, decode_only_auto_takes_the_ring_and_matches_the_host_model, .timeout = 300)
+{
+    const int32_t max_batch = GDN_AUTO_RING_HEADS_F32 / 4 + 8;
+    scenario_options o = {.preset = "tiny", .backend = GDN_BACKEND_CPU, .graph_mode = GDN_GRAPHS_LAZY,
+                          .state_dtype = GDN_DTYPE_F32, .strategy = GDN_VERIFY_AUTO, .layers = 2, .steps = 60,
+                          .num_slots = max_batch + max_batch / 4, .max_batch = max_batch, .max_tokens = 1,
+                          .check_every = 10, .min_live = max_batch - 4, .seed = 791};
+    scenario_result r = run_scenario(&o);
+    cr_log_info("tiny fp32 decode only, AUTO, max_batch %d: worst state %.1f%%, output %.1f%% of tolerance; decode "
+                "write-backs %d, read %d",
+                max_batch, 100 * r.worst_state, 100 * r.worst_output, r.ring_flush_decode, r.ring_flush_read);
+    cr_assert_eq(r.strategy, GDN_VERIFY_RING);
+    cr_assert_eq(r.ring_capacity, GDN_DEFAULT_DECODE_RING_LENGTH);
+    cr_assert_gt(r.decode_steps, 30);
+    if (test_full_length()) cr_assert_gt(r.ring_flush_decode, 0);
+    cr_assert_lt(r.worst_state, 1.0);
+    cr_assert_lt(r.worst_output, 1.0);
+}
+
 /* (g) Configuration: ring_length 0 resolves to 16 (8 with max_tokens 1), 4..32 is valid, 3 and 33 are GDN_ECONFIG_RING; the
  * ring strategy allocates its rings and neither the cache nor the token store. */
 Test(ring, configuration_and_memory)
