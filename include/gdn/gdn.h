@@ -155,9 +155,9 @@ typedef enum gdn_verify_strategy {
      * 16 (fp32 state: from 4), else CACHE. With max_tokens 1 (decode only): RING where the engine
      * owns its state pools (state_pool NULL), has no mixer, and max_batch x num_v_heads exceeds
      * GDN_AUTO_RING_HEADS_F32 or _BF16 by the state's dtype (its ring decode reads the state without
-     * writing it: faster from there, and with ring_length 0 its ring costs 8% of fp32 pools, 16% of
-     * bf16 ones, less than the cache strategy's verify cache of max_batch states a layer), else
-     * CACHE. (The measurements behind the choice: bench/results/2026-11-27-h100-auto-strategy.md,
+     * writing it, and measured faster there; with ring_length 0 a slot's ring holds 8 records, in
+     * place of the cache strategy's verify cache of max_batch states a layer), else CACHE: the
+     * caller who hands its own pool may read it, and a ring lets it lag. (The measurements behind the choice: bench/results/2026-11-27-h100-auto-strategy.md,
      * 2026-11-27-h100-mixer-verify-conv.md, 2026-11-30-h200-decode-only-ring.md.)
      * gdn_engine_get_config reports the choice. */
     GDN_VERIFY_AUTO = 2,
