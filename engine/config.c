@@ -243,9 +243,13 @@ static gdn_status check_sizes(const gdn_engine_config *c)
     /* The batch part. */
     int64_t batch_part = 0;
     if (strategy == GDN_VERIFY_CACHE) {
-        batch_part = align256_upto(mul_upto(batch * tokens, slot_bytes, limit), limit);
-        if (conv) /* a verify's raw x per row, for the commit's window */
-            batch_part = add_upto(batch_part, align256_upto(mul_upto(batch * tokens, C * in_size, limit), limit), limit);
+        if (tokens > 1) {
+            batch_part = align256_upto(mul_upto(batch * tokens, slot_bytes, limit), limit);
+            if (conv) /* a verify's raw x per row, for the commit's window */
+                batch_part = add_upto(batch_part, align256_upto(mul_upto(batch * tokens, C * in_size, limit), limit), limit);
+        } else {
+            batch_part = 256; /* decodes only: no verify cache, the workspace's one block */
+        }
     } else {
         batch_part = align256_upto(batch * (int64_t)sizeof(uint32_t), limit); /* arrival counters */
         batch_part = add_upto(batch_part, align256_upto((int64_t)sizeof(int32_t), limit), limit); /* flush row */

@@ -824,6 +824,7 @@ gdn_status gdn_engine_begin_step(gdn_engine *e, const gdn_step *step, void *stre
     if (step->kind != GDN_STEP_DECODE && step->kind != GDN_STEP_VERIFY) return GDN_ESTEP_KIND;
     if (step->batch < 0 || step->batch > c->max_batch) return GDN_ESTEP_BATCH;
     if (step->batch > 0 && !step->slots) return GDN_EINVAL;
+    if (step->kind == GDN_STEP_VERIFY && c->max_tokens == 1) return GDN_ESTEP_KIND; /* decode only */
     if (step->kind == GDN_STEP_DECODE ? step->tokens != 1 : (step->tokens < 1 || step->tokens > c->max_tokens))
         return GDN_ESTEP_TOKENS;
     gdn_status status = gdn__slots_check_step(&e->slots, step->batch, step->slots, step->write_slots);

@@ -65,12 +65,14 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
     int32_t tokens_before_own = 0; /* the most tokens a row folds or replays before its own */
     int64_t at = 0;
     if (op->strategy == GDN_VERIFY_CACHE) {
-        l.cache = at;
-        l.cache_row_stride = (int64_t)op->max_tokens * HV * V * K;
-        at = align256(at + op->max_batch * l.cache_row_stride * (int64_t)gdn_dtype_size(op->pool.dtype));
-        if (conv) { /* a verify's raw x per row, for the commit's window */
-            l.x_store = at;
-            at = align256(at + (int64_t)op->max_batch * op->max_tokens * C * in_size);
+        if (op->max_tokens > 1) { /* (max_tokens 1: decodes only, no verify to keep states for) */
+            l.cache = at;
+            l.cache_row_stride = (int64_t)op->max_tokens * HV * V * K;
+            at = align256(at + op->max_batch * l.cache_row_stride * (int64_t)gdn_dtype_size(op->pool.dtype));
+            if (conv) { /* a verify's raw x per row, for the commit's window */
+                l.x_store = at;
+                at = align256(at + (int64_t)op->max_batch * op->max_tokens * C * in_size);
+            }
         }
     } else {
         if (op->strategy == GDN_VERIFY_FOLD) {
@@ -114,7 +116,9 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
         if (conv) at += (int64_t)gdn__ref_mixer_scratch_bytes(C, conv_width_of(op), tokens_before_own + op->max_tokens);
         at = align256(at);
     }
-    l.bytes = at;
+    /* at least one block, so that 0 keeps meaning an invalid description (gdn_op_workspace_bytes): a
+     * decode-only cache layer without the mixer's parts needs none */
+    l.bytes = at > 0 ? at : 256;
     return l;
 }
 
@@ -179,7 +183,7 @@ static gdn__layer_params base_params(const gdn_op_layer *op, const gdn__op_layou
         p.mixer.conv_slot_stride = m->conv.slot_stride;
         p.mixer.conv_token_stride = m->conv.token_stride;
         p.mixer.conv_channel_stride = m->conv.channel_stride;
-        if (m->conv_width > 0 && op->strategy == GDN_VERIFY_CACHE)
+        if (m->conv_width > 0 && op->strategy == GDN_VERIFY_CACHE && op->max_tokens > 1)
             p.mixer.x_store = ws + layout->x_store, p.mixer.x_store_tokens = op->max_tokens;
         p.mixer.norm_weight = m->norm_weight;
         p.mixer.norm_eps = m->norm_eps;
@@ -524,6 +528,7 @@ gdn_status gdn_op_layer_step(const gdn_op_layer *op, void *stream)
     gdn__op_stack s;
     const gdn_status status = check_step(op, &s);
     if (status != GDN_OK) return status;
+    if (op->kind == GDN_STEP_VERIFY && op->max_tokens == 1) return GDN_ESTEP_KIND; /* decode only */
     const gdn__layer_params p = gdn__op_step_params(op, &s.layout);
     return run_layer(&s, &p, stream);
 }
@@ -536,6 +541,7 @@ static gdn_status commit(const gdn_op_layer *op, const int32_t *accepted, int no
     if (status != GDN_OK) return status;
     if (op->kind != GDN_STEP_VERIFY) return GDN_ESTEP_KIND;
     if (!accepted) return GDN_EINVAL;
+    if (op->max_tokens == 1) return GDN_ESTEP_KIND; /* decode only: no verify to commit */
     gdn__commit_params c = gdn__op_commit_params(&s, accepted);
     c.accepted_nodes = nodes;
     if (op->backend == GDN_BACKEND_CPU) {

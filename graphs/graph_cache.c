@@ -93,7 +93,8 @@ gdn_status gdn__graph_cache_capture_all(gdn__graph_cache *cache, const int32_t *
                                         void *ctx, void (*progress)(void *user, int32_t done, int32_t total),
                                         void *progress_user)
 {
-    const int32_t plain = 1 + 2 * cache->max_tokens, total = cache->num_buckets * plain;
+    const int32_t plain = cache->max_tokens > 1 ? 1 + 2 * cache->max_tokens : 1; /* max_tokens 1: decodes only */
+    const int32_t total = cache->num_buckets * plain;
     int32_t done = 0;
     for (int32_t bi = 0; bi < cache->num_buckets; bi++) {
         for (int32_t column = 0; column < plain; column++) {

@@ -880,6 +880,7 @@ static int call_begin(fz *f, gdn_step_kind kind, int32_t T, int32_t batch, const
     const int batch_ok = batch >= 0 && batch <= f->MB;
     if (!batch_ok) ex_add(&x, GDN_ESTEP_BATCH);
     else if (batch > 0 && !slots) ex_add(&x, GDN_EINVAL);
+    if (kind_ok && kind == GDN_STEP_VERIFY && f->MT == 1) ex_add(&x, GDN_ESTEP_KIND); /* decode only */
     if (kind_ok && (kind == GDN_STEP_DECODE ? T != 1 : (T < 1 || T > f->MT))) ex_add(&x, GDN_ESTEP_TOKENS);
     if (x.n == 0 && batch > 0) { /* the rows */
         uint8_t read_by[FZ_MAX_SLOTS + 8];

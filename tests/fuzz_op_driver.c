@@ -894,7 +894,7 @@ static void do_step(oz *f, int shared, int decode)
     step_plan sp;
     memset(&sp, 0, sizeof sp);
     const unsigned k = u8(f);
-    sp.kind = k & 1 && !decode ? GDN_STEP_VERIFY : GDN_STEP_DECODE;
+    sp.kind = k & 1 && !decode && f->MT > 1 ? GDN_STEP_VERIFY : GDN_STEP_DECODE; /* max_tokens 1: decodes only */
     sp.T = sp.kind == GDN_STEP_VERIFY ? 1 + (int32_t)(k / 2 % (unsigned)f->MT) : 1;
     sp.B = (int32_t)(u8(f) % (unsigned)(f->MB + 1));
     sp.shared = shared;

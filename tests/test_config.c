@@ -313,12 +313,41 @@ Test(config, auto_strategy_follows_the_measured_rule)
         /* what each strategy allocates, so the choice is not only a reported label */
         if (cases[n].expected == GDN_VERIFY_FOLD) cr_assert(r.verify_cache == 0 && r.token_store > 0 && r.ring == 0);
         else if (cases[n].expected == GDN_VERIFY_RING) cr_assert(r.verify_cache == 0 && r.token_store == 0 && r.ring > 0);
-        else cr_assert(r.verify_cache > 0 && r.token_store == 0 && r.ring == 0);
+        else cr_assert(r.verify_cache > 0 && r.token_store == 0 && r.ring == 0); /* (max_tokens 1: the scratch) */
         if (cases[n].expected == GDN_VERIFY_RING) /* a decode-only engine's default ring length */
             cr_assert_eq(gdn_engine_get_config(e)->ring_length, GDN_DEFAULT_DECODE_RING_LENGTH);
         gdn_engine_destroy(e);
         cr_assert_eq(c.verify_strategy, GDN_VERIFY_AUTO, "create must not change the caller's config");
     }
+}
+
+/* A decode-only engine (max_tokens 1) refuses verify steps (GDN_ESTEP_KIND, nothing changes) and
+ * so keeps no verify cache under the cache strategy: 2 layers x 64 rows of 64 KB states would be 8
+ * MB; what the strategy's counter holds is the CPU reference's scratch. */
+Test(config, decode_only_cache_engine_has_no_verify_cache_and_refuses_verifies)
+{
+    gdn_engine_config c = test_config("tiny", 2, GDN_DTYPE_F32, 64, 64, 1);
+    gdn_engine *e = NULL;
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
+    cr_assert_eq(gdn_engine_get_config(e)->verify_strategy, GDN_VERIFY_CACHE);
+    gdn_memory_report r;
+    cr_assert_eq(gdn_engine_memory(e, &r), GDN_OK);
+    cr_assert_lt(r.verify_cache, 1u << 20, "verify cache %llu bytes", (unsigned long long)r.verify_cache);
+    int32_t slot = -1;
+    cr_assert_eq(gdn_slot_alloc(e, &slot), GDN_OK);
+    gdn_step st = {.kind = GDN_STEP_VERIFY, .tokens = 1, .batch = 1, .slots = &slot};
+    cr_assert_eq(gdn_engine_begin_step(e, &st, NULL, NULL), GDN_ESTEP_KIND);
+    cr_assert_eq(gdn_engine_run_step(e, NULL), GDN_EMISUSE, "no step began");
+    st.kind = GDN_STEP_DECODE;
+    cr_assert_eq(gdn_engine_begin_step(e, &st, NULL, NULL), GDN_OK, "a decode still runs");
+    cr_assert_eq(gdn_engine_run_step(e, NULL), GDN_OK);
+    cr_assert_eq(gdn_engine_commit(e, NULL), GDN_EMISUSE);
+    gdn_engine_destroy(e);
+    c.max_tokens = 2; /* the cache a verify needs: max_batch x max_tokens states a layer */
+    cr_assert_eq(gdn_engine_create(&c, &e), GDN_OK);
+    cr_assert_eq(gdn_engine_memory(e, &r), GDN_OK);
+    cr_assert_geq(r.verify_cache, 2ull * 64 * 2 * 4 * 64 * 64 * 4);
+    gdn_engine_destroy(e);
 }
 
 /* AUTO keeps the cache strategy for a decode-only engine over the caller's state pool, whatever its
@@ -441,8 +470,8 @@ static wide workspace_bytes_wide(const gdn_engine_config *c, gdn_verify_strategy
     const gdn_model_config *m = &c->model;
     const wide slot_bytes = (wide)m->num_v_heads * m->head_dim_v * m->head_dim_k * (wide)gdn_dtype_size(c->state_dtype);
     wide at = 0;
-    if (strategy == GDN_VERIFY_CACHE) {
-        at = align256w((wide)c->max_batch * c->max_tokens * slot_bytes);
+    if (strategy == GDN_VERIFY_CACHE) { /* max_tokens 1: decodes only, no verify cache */
+        at = c->max_tokens > 1 ? align256w((wide)c->max_batch * c->max_tokens * slot_bytes) : 256;
     } else {
         wide side;
         if (strategy == GDN_VERIFY_FOLD) {

@@ -237,7 +237,8 @@ Test(gpu_fold, ring_large_batches_overlapped_match_the_host_model, .timeout = 90
 /* A decode-only engine (max_tokens 1) of qwen3-next's heads with the default strategy above
  * GDN_AUTO_RING_HEADS_F32 / _BF16 row-heads runs the ring (ring_length 8 by default), steps of up to
  * the write-through's rows writing through as by default and larger ones appending, and matches the
- * host model through its write-backs. */
+ * host model through its write-backs; and the cache strategy's decode-only engine, which keeps no
+ * verify cache, with its graphs captured at creation (decodes only). */
 Test(gpu_fold, decode_only_auto_takes_the_ring_and_matches_the_host_model, .timeout = 900)
 {
     test_require_gpu();
@@ -263,6 +264,19 @@ Test(gpu_fold, decode_only_auto_takes_the_ring_and_matches_the_host_model, .time
         cr_assert_lt(r.worst_state, 1.0);
         cr_assert_lt(r.worst_output, 1.0);
     }
+    /* The cache strategy's decode-only engine (no verify cache), every graph captured at creation. */
+    scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_AT_CREATE,
+                          .state_dtype = GDN_DTYPE_BF16, .strategy = GDN_VERIFY_CACHE, .layers = 1, .steps = 30,
+                          .num_slots = 40, .max_batch = 32, .max_tokens = 1, .check_every = 6, .min_live = 28,
+                          .seed = 792};
+    scenario_result r = run_scenario(&o);
+    cr_log_info("qwen3-next bf16 decode only, cache: worst state %.1f%%, output %.1f%% of tolerance; largest bucket %d",
+                100 * r.worst_state, 100 * r.worst_output, r.largest_bucket);
+    cr_assert_eq(r.strategy, GDN_VERIFY_CACHE);
+    cr_assert_eq(r.verify_steps, 0);
+    cr_assert_gt(r.largest_bucket, 16);
+    cr_assert_lt(r.worst_state, 1.0);
+    cr_assert_lt(r.worst_output, 1.0);
 }
 
 /* The ring strategy's step path allocates neither host memory of the library's nor device memory, with

@@ -90,6 +90,7 @@ MUTATION(write_through_below_never, op->ring_write_through = -2)
 MUTATION(unknown_kind, op->kind = (gdn_step_kind)7)
 MUTATION(decode_of_two, op->kind = GDN_STEP_DECODE)
 MUTATION(verify_too_long, op->tokens = TOKENS + 1)
+MUTATION(verify_of_a_decode_only_layer, (op->max_tokens = 1, op->tokens = 1))
 MUTATION(batch_too_big, op->batch = ROWS + 1)
 MUTATION(negative_batch, op->batch = -1)
 MUTATION(null_q, op->q.data = NULL)
@@ -123,6 +124,7 @@ Test(op, bad_descriptions_are_refused_and_change_nothing)
         {unknown_kind, GDN_ESTEP_KIND, "kind 7"},
         {decode_of_two, GDN_ESTEP_TOKENS, "decode with T = 2"},
         {verify_too_long, GDN_ESTEP_TOKENS, "T > max_tokens"},
+        {verify_of_a_decode_only_layer, GDN_ESTEP_KIND, "a verify with max_tokens 1"},
         {batch_too_big, GDN_ESTEP_BATCH, "batch > max_batch"},
         {negative_batch, GDN_ESTEP_BATCH, "batch -1"},
         {null_q, GDN_EINVAL, "q NULL"},

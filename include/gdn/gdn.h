@@ -95,7 +95,7 @@ GDN_API int gdn_version(void);
     XX(ECONFIG_MIXER, -37, "config: mixer: conv_width must be 0 or 2..4, conv_weight_dtype F32 or BF16, norm_eps finite and >= 0") \
     XX(ECONFIG_CONV_POOL, -38, "config: mixer.conv_pool without the conv, or its strides too small or not one block per slot") \
     XX(ECONFIG_RING_WRITE_THROUGH, -39, "config: ring_write_through must be -1 (never), 0 (the default) or a row count") \
-    XX(ESTEP_KIND, -40, "step: kind must be GDN_STEP_DECODE or GDN_STEP_VERIFY")                   \
+    XX(ESTEP_KIND, -40, "step: kind must be GDN_STEP_DECODE or GDN_STEP_VERIFY (a verify needs max_tokens >= 2)") \
     XX(ESTEP_BATCH, -41, "step: batch must be between 0 and max_batch")                            \
     XX(ESTEP_TOKENS, -42, "step: tokens must be 1 for decode and 1..max_tokens for verify; token counts 1..tokens, verify only") \
     XX(ESLOT_RANGE, -43, "slot index is >= num_slots")                                             \
@@ -155,9 +155,9 @@ typedef enum gdn_verify_strategy {
      * 16 (fp32 state: from 4), else CACHE. With max_tokens 1 (decode only): RING where the engine
      * owns its state pools (state_pool NULL), has no mixer, and max_batch x num_v_heads exceeds
      * GDN_AUTO_RING_HEADS_F32 or _BF16 by the state's dtype (its ring decode reads the state without
-     * writing it, and measured faster there; with ring_length 0 a slot's ring holds 8 records, in
-     * place of the cache strategy's verify cache of max_batch states a layer), else CACHE: the
-     * caller who hands its own pool may read it, and a ring lets it lag. (The measurements behind the choice: bench/results/2026-11-27-h100-auto-strategy.md,
+     * writing it, and measured faster there, at the cost of a ring of 8 records a slot with
+     * ring_length 0), else CACHE: the caller who hands its own pool may read it, and a ring lets it
+     * lag. (The measurements behind the choice: bench/results/2026-11-27-h100-auto-strategy.md,
      * 2026-11-27-h100-mixer-verify-conv.md, 2026-11-30-h200-decode-only-ring.md.)
      * gdn_engine_get_config reports the choice. */
     GDN_VERIFY_AUTO = 2,
@@ -297,7 +297,8 @@ typedef struct gdn_engine_config {
     gdn_dtype output_dtype; /* BF16 or F32: o */
     int32_t num_slots;      /* state pool rows per layer */
     int32_t max_batch;      /* most rows in one step */
-    int32_t max_tokens;     /* most tokens (T) in one verify step, 1..GDN_MAX_TOKENS */
+    int32_t max_tokens;     /* most tokens (T) in one verify step, 1..GDN_MAX_TOKENS; 1: decode steps
+                             * only (a verify step is GDN_ESTEP_KIND; no strategy keeps verify memory) */
     int32_t num_buckets;    /* 0: the default list (1, 2, 4, 8, every 8 to 256, every 16 after) */
     int32_t buckets[GDN_MAX_BUCKETS]; /* padded batch sizes, strictly increasing, last == max_batch */
     gdn_verify_strategy verify_strategy;
@@ -628,7 +629,8 @@ typedef struct gdn_step {
  * or more than a launch carries: over 254 values of read and write slots (2 x bucket), counts,
  * parents and the slots freed since the last step) take a slot of a 64-entry staging ring: if the
  * GPU falls a whole ring behind, this call waits for it. Errors, each leaving the engine unchanged:
- * GDN_ESTEP_KIND, GDN_ESTEP_BATCH, GDN_ESTEP_TOKENS, GDN_ESLOT_RANGE (>= num_slots), GDN_ESLOT_FREE
+ * GDN_ESTEP_KIND (also a verify step with max_tokens 1), GDN_ESTEP_BATCH, GDN_ESTEP_TOKENS,
+ * GDN_ESLOT_RANGE (>= num_slots), GDN_ESLOT_FREE
  * (not allocated), GDN_ESLOT_DUP (a slot read by two rows, written by two rows, or written by a row
  * that does not read it while another row reads it); for token_counts and parents (gdn_step):
  * GDN_ESTEP_TOKENS (a count outside 1..tokens, or counts on a decode step), GDN_ESTEP_PARENTS (a

@@ -127,7 +127,8 @@ GDN_API size_t gdn_op_workspace_bytes(const gdn_op_layer *op);
  * Runs the layer step on `stream`: outputs into o; under CACHE a decode writes the pool and a verify
  * the workspace; FOLD and RING as in gdn.h. Returns, changing nothing: GDN_EINVAL (NULL op or a
  * required pointer, AUTO backend, AUTO strategy, a model or dtype outside gdn.h's ranges),
- * GDN_ESTEP_KIND, GDN_ESTEP_TOKENS (decode with T != 1, verify outside 1..max_tokens),
+ * GDN_ESTEP_KIND (also a verify with max_tokens 1: such a layer runs decodes only, and under CACHE
+ * its workspace holds no verify cache), GDN_ESTEP_TOKENS (decode with T != 1, verify outside 1..max_tokens),
  * GDN_ESTEP_BATCH (batch < 0 or > max_batch), GDN_ENOTSUP (alignment on CUDA; a mixer on CUDA
  * with head_dim_k other than 128), GDN_ENODEV (CUDA in a build without it); GDN_ECUDA when the launch fails. A mixer:
  * GDN_EINVAL for a conv width outside 2..4 (0: none), a NULL conv weight, conv pool, x (with the
