@@ -632,7 +632,7 @@ static void step(soak *s)
         writes[i] = fresh, forked[i] = 1;
         s->forks++;
     }
-    const int verify = uniform(s) < 0.5;
+    const int verify = s->MT > 1 && uniform(s) < 0.5; /* max_tokens 1: decodes only */
     const int32_t T = verify ? 1 + below(s, s->MT) : 1;
     gdn_step st = {.kind = verify ? GDN_STEP_VERIFY : GDN_STEP_DECODE, .tokens = T, .batch = n, .slots = rows,
                    .write_slots = writes};
