@@ -248,7 +248,7 @@ static gdn_status check_sizes(const gdn_engine_config *c)
             if (conv) /* a verify's raw x per row, for the commit's window */
                 batch_part = add_upto(batch_part, align256_upto(mul_upto(batch * tokens, C * in_size, limit), limit), limit);
         } else {
-            batch_part = 256; /* decodes only: no verify cache, the workspace's one block */
+            batch_part = GDN__WORKSPACE_MIN_BYTES; /* decodes only: no verify cache */
         }
     } else {
         batch_part = align256_upto(batch * (int64_t)sizeof(uint32_t), limit); /* arrival counters */

@@ -34,6 +34,10 @@ static inline int32_t gdn__ring_length_or_default(int32_t ring_length, int32_t m
     return ring_length ? ring_length : max_tokens > 1 ? GDN_DEFAULT_RING_LENGTH : GDN_DEFAULT_DECODE_RING_LENGTH;
 }
 
+/* A layer's workspace is at least this (one aligned block), so that gdn_op_workspace_bytes' 0 keeps
+ * meaning an invalid description: a decode-only cache layer without the mixer's parts needs none. */
+#define GDN__WORKSPACE_MIN_BYTES 256
+
 /* The smallest bucket >= batch of a resolved configuration (batch <= max_batch). */
 int32_t gdn__bucket_for(const gdn_engine_config *resolved, int32_t batch);
 

@@ -17,6 +17,10 @@
 
 static int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 
+/* The cache strategy's verify cache (and, with the conv, its stored x): none with max_tokens 1, which
+ * runs decodes only. */
+static int keeps_verify_cache(const gdn_op_layer *op) { return op->strategy == GDN_VERIFY_CACHE && op->max_tokens > 1; }
+
 /* The op as an engine configuration, so that one validator gives the same codes as gdn_engine_create. */
 gdn_status gdn__op_check_description(const gdn_op_layer *op)
 {
@@ -65,7 +69,7 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
     int32_t tokens_before_own = 0; /* the most tokens a row folds or replays before its own */
     int64_t at = 0;
     if (op->strategy == GDN_VERIFY_CACHE) {
-        if (op->max_tokens > 1) { /* (max_tokens 1: decodes only, no verify to keep states for) */
+        if (keeps_verify_cache(op)) {
             l.cache = at;
             l.cache_row_stride = (int64_t)op->max_tokens * HV * V * K;
             at = align256(at + op->max_batch * l.cache_row_stride * (int64_t)gdn_dtype_size(op->pool.dtype));
@@ -116,9 +120,7 @@ gdn__op_layout gdn__op_layout_of(const gdn_op_layer *op, int with_scratch)
         if (conv) at += (int64_t)gdn__ref_mixer_scratch_bytes(C, conv_width_of(op), tokens_before_own + op->max_tokens);
         at = align256(at);
     }
-    /* at least one block, so that 0 keeps meaning an invalid description (gdn_op_workspace_bytes): a
-     * decode-only cache layer without the mixer's parts needs none */
-    l.bytes = at > 0 ? at : 256;
+    l.bytes = at > GDN__WORKSPACE_MIN_BYTES ? at : GDN__WORKSPACE_MIN_BYTES;
     return l;
 }
 
@@ -183,7 +185,7 @@ static gdn__layer_params base_params(const gdn_op_layer *op, const gdn__op_layou
         p.mixer.conv_slot_stride = m->conv.slot_stride;
         p.mixer.conv_token_stride = m->conv.token_stride;
         p.mixer.conv_channel_stride = m->conv.channel_stride;
-        if (m->conv_width > 0 && op->strategy == GDN_VERIFY_CACHE && op->max_tokens > 1)
+        if (m->conv_width > 0 && keeps_verify_cache(op))
             p.mixer.x_store = ws + layout->x_store, p.mixer.x_store_tokens = op->max_tokens;
         p.mixer.norm_weight = m->norm_weight;
         p.mixer.norm_eps = m->norm_eps;
