@@ -80,25 +80,25 @@ template <typename S, bool UNSTAGED_DECODE, int REGS> constexpr int min_blocks()
 
 /* The ring strategy's write-through decode (gdn.h, ring_write_through; the kernels' rule with ring
  * length 1) runs as this family's decode: slot r's h ring records are applied to the registers first
- * (S = g_j S + u_j k^_j^T, u_j stored), then the token, and the state is stored into slot w. Records
- * are read straight into registers, GDN__RING_THROUGH_BATCH at a time (one round trip a batch; one at
- * a time where a thread holds 64 state values, the bf16 big instance, whose registers hold no second
- * record without spilling), so the
- * instance needs no shared memory, like the cache decode it is (a kernel with shared memory measured
- * slower on these grids). */
+ * (S = g_j S + u_j k^_j^T, with u_j, k_j's norm scale and log g_j as the record holds them), then the
+ * token, and the state is stored into slot w. Records are read straight into registers,
+ * GDN__RING_THROUGH_BATCH at a time (one round trip a batch; one at a time where a thread holds 64
+ * state values, the bf16 big instance, whose registers hold no second record without spilling), so
+ * the instance needs no shared memory, like the cache decode it is (a kernel with shared memory
+ * measured slower on these grids). */
 #define GDN__RING_THROUGH_BATCH 2
 template <int K, typename I, typename Geo>
 __device__ __forceinline__ void apply_ring_records(const gdn__layer_params &p, float (&st)[Geo::RT][Geo::NV][Geo::EV],
-                                                   int64_t r, int h, int kh, int records, int row0, int glane, float A,
-                                                   float dt_bias)
+                                                   int64_t r, int h, int kh, int records, int row0, int glane)
 {
     constexpr int EV = Geo::EV, NV = Geo::NV, L = Geo::L, G = Geo::G, RT = Geo::RT;
     constexpr int BATCH = RT * Geo::EPT >= 64 ? 1 : GDN__RING_THROUGH_BATCH;
     const int64_t record_bytes = gdn__ring_record_bytes(p.HK, p.HV, K, p.V);
-    const int64_t u_offset = gdn__ring_u_offset(p.HK, p.HV, K), a_offset = gdn__ring_a_offset(p.HK, K);
+    const int64_t u_offset = gdn__ring_u_offset(p.HK, p.HV, K), pair_offset = gdn__ring_norm_decay_offset(p.HK, K);
     const char *ring_r = static_cast<const char *>(p.ring) + r * p.ring_capacity * record_bytes;
     for (int m0 = 0; m0 < records; m0 += BATCH) {
-        float k[BATCH][NV][EV], u[BATCH][RT], a[BATCH];
+        float k[BATCH][NV][EV], u[BATCH][RT];
+        float2 scale_decay[BATCH];
 #pragma unroll
         for (int b = 0; b < BATCH; b++) { /* past the last record: the last one again, not applied */
             const char *rec = ring_r + min(m0 + b, records - 1) * record_bytes;
@@ -106,18 +106,12 @@ __device__ __forceinline__ void apply_ring_records(const gdn__layer_params &p, f
             for (int n = 0; n < NV; n++) gdn__load_vec<I, EV>(reinterpret_cast<const I *>(rec) + kh * K + (n * L + glane) * EV, k[b][n]);
 #pragma unroll
             for (int rt = 0; rt < RT; rt++) u[b][rt] = reinterpret_cast<const float *>(rec + u_offset)[(int64_t)h * p.V + row0 + rt * G];
-            a[b] = gdn__to_f32(reinterpret_cast<const I *>(rec + a_offset)[h]);
+            scale_decay[b] = reinterpret_cast<const float2 *>(rec + pair_offset)[h];
         }
 #pragma unroll
         for (int b = 0; b < BATCH; b++) {
             if (m0 + b >= records) break; /* uniform over the CTA */
-            float kk = 0.0f;
-#pragma unroll
-            for (int n = 0; n < NV; n++)
-#pragma unroll
-                for (int e = 0; e < EV; e++) kk = fmaf(k[b][n][e], k[b][n][e], kk);
-            const float rk = l2norm_scale(p, group_sum<L>(kk));
-            const float g = expf(token_log_decay(a[b], A, dt_bias));
+            const float rk = scale_decay[b].x, g = expf(scale_decay[b].y);
 #pragma unroll
             for (int rt = 0; rt < RT; rt++) {
                 const float c = u[b][rt] * rk;
@@ -582,7 +576,7 @@ __global__ void __launch_bounds__(32 * cta_warps_max<S, REGS, ONE_TOKEN>(),
         GDN__PHASE(GDN__PHASE_WAITED);
     }
     if (RING && !MIXER && ring_records > 0) /* uniform over the CTA */
-        apply_ring_records<K, I, Geo>(p, st, r, h, kh, ring_records, row0, glane, A, dt_bias);
+        apply_ring_records<K, I, Geo>(p, st, r, h, kh, ring_records, row0, glane);
 
     /* Token threadIdx.x's gate inputs; EARLY_FOLD holds them as read, so that no conversion waits for
      * the reads before the kept gates' stores below (the other instances measured slower with it). */

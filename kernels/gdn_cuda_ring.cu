@@ -1,6 +1,7 @@
 /*
  * The ring strategy's layer step (semantics: kernels/gdn_kernel_params.h, "Ring strategy"). A slot
- * keeps a checkpoint S0 (the pool) and h records (k, a as given, and the token's fp32 correction u).
+ * keeps a checkpoint S0 (the pool) and h records (k as given, the scale that normalises it and the
+ * log decay, and the token's fp32 correction u; with the mixer's conv raw x and a as given, and u).
  * With P_m the cumulative log decay through entry m (records 0..h-1, then the step's tokens),
  *   S after entries 0..m = exp(P_m) S0 + sum_{j <= m} exp(P_m - P_j) u_j k^_j^T,
  * so a token's S k^ and S q^ need only S0 k^ and S0 q^ (one pass over S0) and the scalars k^_j.k^,
@@ -12,8 +13,8 @@
  * moved into a per-CTA preparation that overlaps those loads:
  *   1. Issue the first pass's state loads (the later passes' rows are prefetched into L2), read the
  *      row's record count h and copy the records' raw k (the head's key head) and the CTA's rows of
- *      their u (cp.async into shared memory), all before the wait for the preceding kernel (which
- *      writes none of them); after it, copy the step's raw k, q.
+ *      their u (cp.async into shared memory), and read their log decays, all before the wait for the
+ *      preceding kernel (which writes none of them); after it, copy the step's raw k, q.
  *   2. Normalise every k and q (a few lanes a row; the conv's outputs a warp a row), prefix-sum the
  *      log decays, and form, per own token t and entry m, the coefficients of u_m in S k^_t and
  *      S q^_t (a thread a pair).
@@ -24,8 +25,8 @@
  *      computed, are added after the sum (O(T^2) a row).
  *   4. A row whose ring is full (decode), that does not fit (verify), or whose write slot differs,
  *      writes the state back: the thread's rows become exp(P) S0 + sum_j c_j u_j k^_j and are stored.
- * The step's records are written beside: u by each CTA for its rows; k (per key head) and a (per
- * value head) by one CTA each, or, when they overwrite records that other CTAs of the row still read
+ * The step's records are written beside: u by each CTA for its rows; k (per key head) and the pairs
+ * (per value head) by one CTA each, or, when they overwrite records that other CTAs of the row still read
  * (a verify that flushed in place), by the row's last CTA, which also writes the count.
  *
  * Template parameters: K, state S, input I, output O, REGS (state values a thread holds in a pass),
@@ -109,10 +110,10 @@ __device__ __forceinline__ void normalise_row(const gdn__layer_params &p, const 
 
 /* The same with LANES lanes a row (aligned groups of the warp; every lane of the warp calls it,
  * `store` false past the rows), in 16-byte pieces, their order rotated by `rot` so that the groups
- * of a warp start on different banks. */
+ * of a warp start on different banks; the scale it used kept at `kept` where that is not null. */
 template <int K, int LANES, typename E>
 __device__ __forceinline__ void normalise_row_lanes(const gdn__layer_params &p, const E *src, float *dst, float factor,
-                                                    int glane, int rot, bool store)
+                                                    int glane, int rot, bool store, float *kept)
 {
     constexpr int VEC = 16 / (int)sizeof(E), NJ = K / (LANES * VEC);
     static_assert(K % (LANES * VEC) == 0, "whole pieces a lane");
@@ -127,6 +128,7 @@ __device__ __forceinline__ void normalise_row_lanes(const gdn__layer_params &p, 
     sum = group_sum<LANES>(sum);
     const float scale = factor * l2norm_scale(p, sum);
     if (!store) return;
+    if (kept && glane == 0) *kept = scale;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
         const int c = (((j + rot) % NJ) * LANES + glane) * VEC;
@@ -137,15 +139,22 @@ __device__ __forceinline__ void normalise_row_lanes(const gdn__layer_params &p, 
     }
 }
 
-/* A record's layout (gdn_kernel_params.h): raw k per key head, or with the conv raw x [conv_dim];
- * then a per value head; then fp32 u [HV][V]. */
+/* A record's layout (gdn_kernel_params.h): raw k per key head, then per value head the pair {norm
+ * scale, log decay} (at pair_offset); or with the conv raw x [conv_dim], then a per value head (at
+ * a_offset); then fp32 u [HV][V]. Offsets formed where they are used (held across the kernel they
+ * cost its register-capped instances spills). */
 struct ring_record_layout {
-    int64_t bytes, a_offset, u_offset;
-    __device__ ring_record_layout(const gdn__layer_params &p, bool conv)
+    const gdn__layer_params &p;
+    bool conv;
+    __device__ int64_t bytes() const
     {
-        bytes = conv ? gdn__mixer_record_bytes(p.mixer.conv_dim, p.HV, p.V) : gdn__ring_record_bytes(p.HK, p.HV, p.K, p.V);
-        a_offset = conv ? gdn__mixer_record_a_offset(p.mixer.conv_dim) : gdn__ring_a_offset(p.HK, p.K);
-        u_offset = conv ? gdn__mixer_record_u_offset(p.mixer.conv_dim, p.HV) : gdn__ring_u_offset(p.HK, p.HV, p.K);
+        return conv ? gdn__mixer_record_bytes(p.mixer.conv_dim, p.HV, p.V) : gdn__ring_record_bytes(p.HK, p.HV, p.K, p.V);
+    }
+    __device__ int64_t a_offset() const { return gdn__mixer_record_a_offset(p.mixer.conv_dim); }
+    __device__ int64_t pair_offset() const { return gdn__ring_norm_decay_offset(p.HK, p.K); }
+    __device__ int64_t u_offset() const
+    {
+        return conv ? gdn__mixer_record_u_offset(p.mixer.conv_dim, p.HV) : gdn__ring_u_offset(p.HK, p.HV, p.K);
     }
 };
 
@@ -254,8 +263,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
     if (T == 0 && !flush) return; /* nothing recorded: nothing to write back (and nothing in flight) */
 
     const int E = h + T;
-    const ring_record_layout rec(p, conv);
-    const int64_t record_bytes = rec.bytes, u_offset = rec.u_offset, a_offset = rec.a_offset;
+    const ring_record_layout rec{p, conv};
+    const int64_t record_bytes = rec.bytes(), u_offset = rec.u_offset();
     const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
     char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
     {
@@ -281,9 +290,11 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
         gdn__copy_async_commit();
     }
     const float A = expf(p.A_log[head]), dt_bias = p.dt_bias[head];
-    for (int m = threadIdx.x; m < h; m += blockDim.x) /* log decays (cumulative sums below) */
-        s.logd[m] = token_log_decay(gdn__to_f32(reinterpret_cast<const I *>(ring_r + m * record_bytes + a_offset)[head]),
-                                    A, dt_bias);
+    for (int m = threadIdx.x; m < h; m += blockDim.x) { /* log decays (cumulative sums below) */
+        const char *record = ring_r + m * record_bytes;
+        s.logd[m] = conv ? token_log_decay(gdn__to_f32(reinterpret_cast<const I *>(record + rec.a_offset())[head]), A, dt_bias)
+                         : reinterpret_cast<const float2 *>(record + rec.pair_offset())[head].y;
+    }
     /* The preceding kernel (overlap_preceding) writes the step's inputs. */
     if (p.overlap_preceding) gdn__wait_preceding();
     gdn__allow_dependents();
@@ -308,11 +319,20 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
         own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, threadIdx.x, head)]);
     }
 
+    /* The own tokens' records base..base+T-1 (no mixer): the row's first CTA of each head writes the
+     * head's pairs where it forms them (log decays here, norm scales in the normalisation), unless
+     * they overwrite records that other CTAs of the row still read (then the row's last CTA writes
+     * whole records; below). Nothing of this step reads them. */
+    const bool overwrites_read_records = keep && r == w && base < h;
+    float *const own_pairs = keep && !overwrites_read_records && first_tile == 0 && !conv
+                                 ? reinterpret_cast<float *>(ring_w + base * record_bytes + rec.pair_offset()) + 2 * head
+                                 : nullptr; /* token t's at own_pairs + t * record_bytes / 4 */
     if ((int)threadIdx.x < T) {
         const float l = token_log_decay(own_a, A, dt_bias);
         s.logd[h + threadIdx.x] = l;
         s.gown[threadIdx.x] = expf(l);
         s.beta[threadIdx.x] = token_beta(own_b);
+        if (own_pairs) own_pairs[threadIdx.x * record_bytes / 4 + 1] = l;
     }
     for (int e = threadIdx.x; !conv && e < T * span_rows; e += blockDim.x) { /* (with the conv: its output) */
         const int t = e / span_rows, row = e % span_rows;
@@ -350,8 +370,13 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
             const int item = min(first + sub, E + T - 1); /* past the end: a row read again, not stored */
             const bool store = first + sub < E + T;
             const I *raw_row = reinterpret_cast<const I *>(s.raw) + (size_t)(item < h ? item : C + item - h) * K;
-            if (item < E) normalise_row_lanes<K, NL, I>(p, raw_row, s.khat + (size_t)item * K, 1.0f, sl, sub, store);
-            else normalise_row_lanes<K, NL, I>(p, raw_row, s.qhat + (size_t)(item - E) * K, p.scale, sl, sub, store);
+            /* (the records' k too: this pass forms every norm anyway, so their stored scales save nothing
+             * here; the own tokens' are kept for their records) */
+            if (item < E)
+                normalise_row_lanes<K, NL, I>(p, raw_row, s.khat + (size_t)item * K, 1.0f, sl, sub, store,
+                                              own_pairs && item >= h ? own_pairs + (item - h) * record_bytes / 4 : nullptr);
+            else
+                normalise_row_lanes<K, NL, I>(p, raw_row, s.qhat + (size_t)(item - E) * K, p.scale, sl, sub, store, nullptr);
         }
     }
     /* Own token t's parent and ancestors (a chain: t - 1 and every earlier token; padding tokens
@@ -544,11 +569,10 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
         }
     }
 
-    /* The step's k (per key head; with the conv, x: q and k channels per key head, v per CTA) and a
-     * (per value head) become records base..base+T-1 of slot w: written here by one CTA each unless
-     * they overwrite records that other CTAs of the row may still read (a verify that wrote back in
-     * place), which the row's last CTA then writes. */
-    const bool overwrites_read_records = keep && r == w && base < h;
+    /* The step's k (per key head; with the conv, x: q and k channels per key head, v per CTA) and, with
+     * the conv, a (per value head; without it the pairs, above) become records base..base+T-1 of slot
+     * w: written here by one CTA each unless they overwrite records that other CTAs of the row may
+     * still read (a verify that wrote back in place), which the row's last CTA then writes. */
     if (keep && !overwrites_read_records && conv) {
         I *const x_records = reinterpret_cast<I *>(ring_w + base * record_bytes);
         const int64_t record_elems = record_bytes / (int64_t)sizeof(I);
@@ -563,8 +587,8 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
                 reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes + (int64_t)kh * K * 2)[piece] =
                     reinterpret_cast<const uint4 *>(s.raw + (size_t)(C + t) * K)[piece];
             }
-        for (int t = threadIdx.x; t < T; t += blockDim.x)
-            reinterpret_cast<I *>(ring_w + (base + t) * record_bytes + a_offset)[head] =
+        for (int t = threadIdx.x; conv && t < T; t += blockDim.x) /* (no mixer: the pairs, above) */
+            reinterpret_cast<I *>(ring_w + (base + t) * record_bytes + rec.a_offset())[head] =
                 static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, head)];
     }
 
@@ -604,17 +628,12 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : GDN__RING_CTAS_PER_SM))
                 reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes)[c % pieces] =
                     reinterpret_cast<const uint4 *>(static_cast<const I *>(p.mixer.x) + gdn__at(p.mixer.x_strides, i, t, 0))[c % pieces];
             }
+            for (int64_t c = threadIdx.x; c < (int64_t)T * HV; c += blockDim.x)
+                reinterpret_cast<I *>(ring_w + (base + c / HV) * record_bytes + rec.a_offset())[c % HV] =
+                    static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, c / HV, c % HV)];
         } else {
-            const int64_t head_pieces = (int64_t)K * 2 / 16, qk_pieces = HK * head_pieces;
-            for (int64_t c = threadIdx.x; c < T * qk_pieces; c += blockDim.x) {
-                const int t = (int)(c / qk_pieces), key_head = (int)(c % qk_pieces / head_pieces);
-                reinterpret_cast<uint4 *>(ring_w + (base + t) * record_bytes)[c % qk_pieces] =
-                    reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, key_head))[c % head_pieces];
-            }
+            write_input_records<K, I>(p, i, ring_w, record_bytes, base, T, threadIdx.x, blockDim.x);
         }
-        for (int64_t c = threadIdx.x; c < (int64_t)T * HV; c += blockDim.x)
-            reinterpret_cast<I *>(ring_w + (base + c / HV) * record_bytes + a_offset)[c % HV] =
-                static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, c / HV, c % HV)];
     }
     if (threadIdx.x == 0) {
         p.ring_count[w] = verify ? base : (keep ? h + 1 : 0);

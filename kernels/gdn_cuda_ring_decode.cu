@@ -6,8 +6,8 @@
  * the CTA's state rows arrive. Here:
  *   1. ring_decode_prep_kernel, a CTA per (row, value head): reads the row's record count h, forms
  *      the coefficients of the records' u in S k^ and S q^ and of the write-back, writes them and
- *      the token's scalars to p.ring_prep, and appends the token's a (and, once per key head, its
- *      k) as record h unless the row writes back.
+ *      the token's scalars to p.ring_prep, and appends the token's norm scale and log decay (and,
+ *      once per key head, its k) as record h unless the row writes back.
  *   2. ring_decode_state_kernel: the cache decode's memory pipeline over S0 (state rows in flight
  *      before the wait for kernel 1), then per state row S0.k^ and S0.q^ and the records' terms
  *      (lane j mod L takes record j's u) in one lane-group sum. A row that writes back (ring full,
@@ -122,22 +122,24 @@ __device__ __forceinline__ void tile_times_columns(const unsigned char *tile_s, 
 
 /* A decode's preparation of one (row, value head), by THREADS threads (tid 0.., whole warps; sync()
  * joins them): the coefficients of the scratch above into out (arrays `stride` floats apart), from
- * the token's raw k and q (k_in, q_in: key head kh), record j's raw k (rec_k(j)) and raw a (rec_a(j)),
- * the token's raw a and b and the head's A_log and dt_bias, for a ring of h records with write-back
- * flag flush (count(h, flush), read once the token's loads are issued). dot_k, dot_q, norm_of (h
- * floats, may alias out's ck, cq, fk: each is read and then overwritten by the same thread) and logd
- * (h + 1 floats) are scratch. Unless the row writes back, it appends the token's a and, once per key
- * head, its k as record h of the write slot's ring ring_w (nullptr: another caller appends). Warp 0
- * writes out; the caller syncs before reading it. The preparation kernel reads global memory, the
- * streamed pass its stage. A verify's token t prepares as a decode over h + t records, the first h
- * of the ring and then its own earlier tokens; with WRITE_BACK_OF_RECORDS, fk and PREP_DECAY_ALL
- * describe S_h (the records without the token: exp(P_{h-1}) S0 + sum_{m < h} fk[m] u_m raw_k_m), the
- * verify's write-back. */
-template <int K, typename I, int THREADS, bool MMA_DOTS, bool WRITE_BACK_OF_RECORDS = false, typename Count, typename RecK, typename RecA,
-          typename Sync>
+ * the token's raw k and q (k_in, q_in: key head kh), entry j's raw k (rec_k(j)) and its pair
+ * rec_pair(j) = {norm scale of its k, log decay}, the token's log decay (own_log_decay(), called once
+ * the token's loads are issued) and raw b, for h entries with write-back flag flush (count(h, flush,
+ * stored), read then too). Entries below `stored` are ring records, their pairs as the record holds
+ * them; a verify's token t prepares as a decode over h + t entries, the ring's h and then its own
+ * earlier tokens, whose pairs give only the log decay: their norms are formed here (at most
+ * GDN__RING_VERIFY_MAX_TOKENS - 1 of them). dot_k, dot_q, norm_of (h floats, may alias out's ck, cq,
+ * fk: each is read and then overwritten by the same thread) and logd (h + 1 floats) are scratch.
+ * Unless the row writes back, it appends the token (its k once per key head, its pair) as record h of
+ * the write slot's ring ring_w (nullptr: another caller appends). Warp 0 writes out; the caller syncs
+ * before reading it. The preparation kernel reads global memory, the streamed pass its stage. With
+ * WRITE_BACK_OF_RECORDS, fk and PREP_DECAY_ALL describe S_h (the entries without the token:
+ * exp(P_{h-1}) S0 + sum_{m < h} fk[m] u_m raw_k_m), the verify's write-back. */
+template <int K, typename I, int THREADS, bool MMA_DOTS, bool WRITE_BACK_OF_RECORDS = false, typename Count, typename RecK,
+          typename RecPair, typename OwnLogDecay, typename Sync>
 __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int tid, int vh, const I *k_in, const I *q_in, Count count,
-                                               RecK rec_k, RecA rec_a, I own_a, float own_b, float A_log, float dt_bias, char *ring_w, float *out,
-                                               int stride, float *dot_k, float *dot_q, float *norm_of, float *logd, Sync sync)
+                                               RecK rec_k, RecPair rec_pair, OwnLogDecay own_log_decay, float own_b, char *ring_w,
+                                               float *out, int stride, float *dot_k, float *dot_q, float *norm_of, float *logd, Sync sync)
 {
     /* Lanes per K-vector (THREADS / GL vectors at once) and the elements a lane holds: at most 16 where
      * the records' dot products run here too, else (the tensor cores take them) 4 or 8, for the
@@ -153,12 +155,12 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
         gdn__load_vec<I, VEC>(k_in + glane * KPL + e, *reinterpret_cast<float(*)[VEC]>(&k[e]));
         gdn__load_vec<I, VEC>(q_in + glane * KPL + e, *reinterpret_cast<float(*)[VEC]>(&q[e]));
     }
-    const float A = expf(A_log); /* after the token's loads are issued */
-    int h;
+    int h, stored;
     bool flush;
-    count(h, flush);
+    count(h, flush, stored);
+    const float own_l = own_log_decay();
     char *const append = ring_w ? ring_w + h * gdn__ring_record_bytes(p.HK, p.HV, K, p.V) : nullptr;
-    for (int j = tid; j < h; j += THREADS) logd[j] = token_log_decay(gdn__to_f32(rec_a(j)), A, dt_bias);
+    for (int j = tid; j < h; j += THREADS) logd[j] = rec_pair(j).y;
 
     float kk = 0.0f, qq = 0.0f, kq = 0.0f;
 #pragma unroll
@@ -166,36 +168,47 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
     kk = group_sum<GL>(kk), qq = group_sum<GL>(qq), kq = group_sum<GL>(kq);
     float rk, rq;
     norm_scales(p, kk, qq, rk, rq);
-    const float own_l = token_log_decay(gdn__to_f32(own_a), A, dt_bias);
     if (tid == 0) logd[h] = own_l;
 
     if constexpr (MMA_DOTS) {
-        /* One warp, bf16 records in shared memory (rec_k(j) for every j of the last m-tile: rows past h
-         * may hold anything): 16 records an m-tile on the tensor cores, times B columns raw k, raw q
-         * (n-tile 0) and the records themselves (n-tiles 1 and 2: the Gram matrix, whose diagonal
-         * gives the records' norms). */
+        /* One warp, bf16 entries in shared memory (rec_k(j) for every j of the last m-tile: rows past h
+         * may hold anything): 16 entries an m-tile on the tensor cores, times B columns raw k, raw q
+         * and the first six own entries' k (stored.., zeros past them), whose column on their own row
+         * gives their norm. A seventh (a verify's eighth token) sums its squares on the lanes. */
         static_assert(THREADS == 32 && std::is_same<I, __nv_bfloat16>::value, "one warp, bf16");
-        const int qg = lane >> 2, qt = lane & 3;
+        static_assert(GDN__RING_VERIFY_MAX_TOKENS <= 8, "at most seven own entries");
+        const int qg = lane >> 2, qt = lane & 3, own = h - stored;
+        const I *const column = qg == 0 ? k_in : qg == 1 ? q_in : qg - 2 < own ? rec_k(stored + qg - 2) : nullptr;
+        float seventh_xx = 0.0f;
+        if (own > 6) { /* uniform */
+            const I *x = rec_k(stored + 6);
+            for (int c = lane; c < K; c += 32) seventh_xx = fmaf(gdn__to_f32(x[c]), gdn__to_f32(x[c]), seventh_xx);
+            seventh_xx = group_sum<32>(seventh_xx);
+        }
         for (int m0 = 0; m0 < h; m0 += 16) {
-            /* the lane's A rows m0 + qg, m0 + qg + 8 are also its B columns of n-tiles 1 and 2 */
             const unsigned char *top = reinterpret_cast<const unsigned char *>(rec_k(m0 + qg));
             const unsigned char *bottom = reinterpret_cast<const unsigned char *>(rec_k(m0 + qg + 8));
-            float acc[3][4] = {};
-            rows_times_columns<K>(top, bottom, qt, 3,
-                                  [&](int nt, int col) {
-                                      if (nt > 0) return *reinterpret_cast<const uint4 *>((nt == 1 ? top : bottom) + col * 2);
-                                      return qg < 2 ? *reinterpret_cast<const uint4 *>((qg == 0 ? k_in : q_in) + col) : make_uint4(0u, 0u, 0u, 0u);
-                                  },
+            float acc[1][4] = {};
+            rows_times_columns<K>(top, bottom, qt, 1,
+                                  [&](int, int col) { return column ? *reinterpret_cast<const uint4 *>(column + col) : make_uint4(0u, 0u, 0u, 0u); },
                                   acc);
-            /* record m0 + qg's norm sits on lane 4 qg + qg / 2 (m0 + qg + 8's too), its dot products on lane 4 qg */
-            const float diag_top = qg & 1 ? acc[1][1] : acc[1][0], diag_bottom = qg & 1 ? acc[2][3] : acc[2][2];
-            const float xx_top = __shfl_sync(0xffffffffu, diag_top, 4 * qg + qg / 2);
-            const float xx_bottom = __shfl_sync(0xffffffffu, diag_bottom, 4 * qg + qg / 2);
+            /* Own entry e (< 6) on the lane's row: its norm in column 2 + e, on lane 4 qg + (2 + e) / 2,
+             * element (2 + e) % 2 of the row's pair; the entry's dot products sit on lane 4 qg. */
+            float own_xx[2] = {0.0f, 0.0f};
+            if (own > 0) { /* uniform */
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    const int e = m0 + qg + 8 * half - stored;
+                    const float give = e & 1 ? acc[0][2 * half + 1] : acc[0][2 * half];
+                    own_xx[half] = __shfl_sync(0xffffffffu, give, 4 * qg + (e >= 0 && e < 6 ? (2 + e) / 2 : 0));
+                }
+            }
 #pragma unroll
             for (int half = 0; half < 2; half++) {
                 const int j = m0 + qg + 8 * half;
                 if (qt == 0 && j < h) {
-                    const float rj = l2norm_scale(p, half ? xx_bottom : xx_top);
+                    const int e = j - stored;
+                    const float rj = e < 0 ? rec_pair(j).x : l2norm_scale(p, e < 6 ? own_xx[half] : seventh_xx);
                     dot_k[j] = rj * rk * acc[0][2 * half];
                     dot_q[j] = rj * rq * acc[0][2 * half + 1];
                     norm_of[j] = rj;
@@ -203,17 +216,24 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
             }
         }
     }
-    /* The records' k: THREADS / GL at a time (a lane group each), a uniform trip count for the shuffles. */
+    /* The entries' k: THREADS / GL at a time (a lane group each), a uniform trip count for the shuffles;
+     * the norms only of own entries. */
     for (int j0 = 0; !MMA_DOTS && j0 < h; j0 += THREADS / GL) {
         const int j = j0 + tid / GL;
+        const bool own_norms = j0 + THREADS / GL > stored; /* uniform */
         float x[KPL];
         record_k_values<KPL, I>(rec_k(j) + glane * KPL, j < h, x);
         float xx = 0.0f, xk = 0.0f, xq = 0.0f;
 #pragma unroll
-        for (int e = 0; e < KPL; e++) xx = fmaf(x[e], x[e], xx), xk = fmaf(x[e], k[e], xk), xq = fmaf(x[e], q[e], xq);
-        xx = group_sum<GL>(xx), xk = group_sum<GL>(xk), xq = group_sum<GL>(xq);
+        for (int e = 0; e < KPL; e++) xk = fmaf(x[e], k[e], xk), xq = fmaf(x[e], q[e], xq);
+        xk = group_sum<GL>(xk), xq = group_sum<GL>(xq);
+        if (own_norms) {
+#pragma unroll
+            for (int e = 0; e < KPL; e++) xx = fmaf(x[e], x[e], xx);
+            xx = group_sum<GL>(xx);
+        }
         if (j < h && glane == 0) {
-            const float rj = l2norm_scale(p, xx);
+            const float rj = j < stored ? rec_pair(j).x : l2norm_scale(p, xx);
             dot_k[j] = rj * rk * xk;
             dot_q[j] = rj * rq * xq;
             norm_of[j] = rj;
@@ -252,7 +272,7 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
             out[PREP_KQ] = rk * rq * kq;
             out[PREP_DECAY] = expf(own_l);
             out[PREP_BETA] = token_beta(own_b);
-            if (!flush && append) reinterpret_cast<I *>(append + gdn__ring_a_offset(p.HK, K))[vh] = own_a;
+            if (!flush && append) reinterpret_cast<float2 *>(append + gdn__ring_norm_decay_offset(p.HK, K))[vh] = make_float2(rk, own_l);
         }
     }
     constexpr int COPY_WARP = THREADS > 32 ? 1 : 0; /* beside warp 0's scan where there are two warps */
@@ -267,7 +287,7 @@ __device__ __forceinline__ void prepare_decode(const gdn__layer_params &p, int t
  * false for a padding or out-of-range row (the state pass reads nothing of it). EARLY: the record
  * count h is read then too (the count and the records are in the workspace, which that kernel does
  * not write: gdn_op.h's overlap_preceding), and the lines of the records that the preparation reads
- * (key head kh's k, value head vh's a) are sent toward L2, by THREADS threads. */
+ * (key head kh's k, value head vh's pair) are sent toward L2, by THREADS threads. */
 template <int K, typename I, int THREADS, bool EARLY>
 __device__ __forceinline__ bool prep_row_slots(const gdn__layer_params &p, int64_t i, int kh, int vh, int64_t &r, int64_t &w, int &h)
 {
@@ -285,12 +305,12 @@ __device__ __forceinline__ bool prep_row_slots(const gdn__layer_params &p, int64
         h = min(max(p.ring_count[r], 0), C);
         const int64_t record_bytes = gdn__ring_record_bytes(p.HK, p.HV, K, p.V);
         const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
-        constexpr int LINES = (K * (int)sizeof(I) + 127) / 128 + 1; /* a record's k lines, then its a */
+        constexpr int LINES = (K * (int)sizeof(I) + 127) / 128 + 1; /* a record's k lines, then its pair */
         for (int c = threadIdx.x; c < h * LINES; c += THREADS) {
             const char *record = ring_r + c / LINES * record_bytes;
             const int line = c % LINES;
             gdn__prefetch_l2(line < LINES - 1 ? record + (int64_t)kh * K * sizeof(I) + line * 128
-                                              : record + gdn__ring_a_offset(p.HK, K) + vh * (int)sizeof(I));
+                                              : record + gdn__ring_norm_decay_offset(p.HK, K) + vh * 8);
         }
     }
     if (p.overlap_preceding) gdn__wait_preceding();
@@ -315,9 +335,10 @@ __global__ void __launch_bounds__(THREADS) ring_decode_prep_kernel(const gdn__la
         HV = p.HV, HK = p.HK, C = p.ring_capacity, kh = vh / (HV / HK);
     }
     /* What does not depend on the record count first: the token's a and b (k and q in prepare_decode). */
-    const I own_a = static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, 0, vh)];
+    const float own_a = gdn__to_f32(static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, 0, vh)]);
     const float own_b = gdn__to_f32(static_cast<const I *>(p.b)[gdn__at(p.b_strides, i, 0, vh)]);
-    const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, p.V), a_offset = gdn__ring_a_offset(HK, K);
+    const float A_log = p.A_log[vh], dt_bias = p.dt_bias[vh];
+    const int64_t record_bytes = gdn__ring_record_bytes(HK, HV, K, p.V), pair_offset = gdn__ring_norm_decay_offset(HK, K);
     const char *ring_r = static_cast<const char *>(p.ring) + r * C * record_bytes;
     char *ring_w = static_cast<char *>(p.ring) + w * C * record_bytes;
     /* One warp with bf16 inputs: the records' dot products on the tensor cores, 16 records a load round
@@ -327,15 +348,15 @@ __global__ void __launch_bounds__(THREADS) ring_decode_prep_kernel(const gdn__la
     prepare_decode<K, I, THREADS, MMA_DOTS>(
         p, (int)threadIdx.x, vh, static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, 0, kh),
         static_cast<const I *>(p.q) + gdn__at(p.q_strides, i, 0, kh),
-        [&](int &h, bool &flush) {
+        [&](int &h, bool &flush, int &stored) {
             h = EARLY ? count : min(max(p.ring_count[r], 0), C); /* else read after the token's loads are issued */
             flush = r != w || h + 1 >= p.ring_length;
-            records = h;
+            records = stored = h;
         },
         [&](int j) { return reinterpret_cast<const I *>(ring_r + (MMA_DOTS ? min(j, records - 1) : j) * record_bytes) + (int64_t)kh * K; },
-        [&](int j) { return reinterpret_cast<const I *>(ring_r + j * record_bytes + a_offset)[vh]; }, own_a, own_b,
-        p.A_log[vh], p.dt_bias[vh], ring_w, p.ring_prep + (i * HV + vh) * gdn__ring_prep_floats(C), gdn__ring_prep_stride(C), dot_k,
-        dot_q, norm_of, logd,
+        [&](int j) { return reinterpret_cast<const float2 *>(ring_r + j * record_bytes + pair_offset)[vh]; },
+        [&] { return token_log_decay(own_a, expf(A_log), dt_bias); }, own_b, ring_w,
+        p.ring_prep + (i * HV + vh) * gdn__ring_prep_floats(C), gdn__ring_prep_stride(C), dot_k, dot_q, norm_of, logd,
         [] { __syncthreads(); });
 }
 
@@ -506,7 +527,7 @@ __global__ void __launch_bounds__(128, (REGS >= 64 ? 4 : 6)) ring_decode_state_k
  * preparation kernel, so are their records and tokens (that kernel lets this one launch only after
  * its own wait, so the tokens' writer has ended), and only its blocks come after the wait. The tensor-core
  * decode has no preparation kernel: the producer reads the record count and stages every record's k
- * and a instead of a preparation block, each consumer warp prepares (records' dot products on the
+ * and pair instead of a preparation block, each consumer warp prepares (records' dot products on the
  * tensor cores), a group takes a row-head's tiles in a row on large grids (group_walk), and the
  * row's last item to finish moves the count. Bulk copies and mbarrier transaction counts need sm_90;
  * it runs on the grids stream_state_pass_applies names. */
@@ -536,8 +557,8 @@ template <int K, typename S, bool MMA, int TOK = 1> struct stream_layout {
     static constexpr int R = MMA ? GROUP_WARPS * 16 : GROUP_WARPS * Geo::ROWS_PER_WARP; /* state rows an item */
     static constexpr int U_STRIDE = MMA ? R + 8 : R + 4; /* floats between records' u rows (bank spread) */
     static constexpr int TOKENS = TOK;
-    /* The tensor-core form prepares its tokens itself (prepare_decode), from the records' k and a (the
-     * 16 bytes holding the head's) staged with the item, into blocks after the stages: a decode in
+    /* The tensor-core form prepares its tokens itself (prepare_decode), from the records' k and pairs
+     * (the 16 bytes holding the head's) staged with the item, into blocks after the stages: a decode in
      * each consumer warp's own block (no barrier between the group's warps), a verify's token t in
      * block t of the group (its warps share the tokens, then meet at a barrier). A group takes a
      * (row, value head)'s tiles in a row, so that the first tile's preparation serves the others. The
@@ -546,7 +567,7 @@ template <int K, typename S, bool MMA, int TOK = 1> struct stream_layout {
     static constexpr int BLOCKS = PREPARES ? (TOK > 1 ? stream_groups<MMA>() * TOK : STREAM_CONSUMER_WARPS) : 0;
     /* a block's arrays hold a coefficient for each of the records and a verify's earlier tokens */
     int coef_stride, block_floats, scratch_floats;
-    int64_t tile, prep, u, krec, kin, qin, vin, arec, bytes, blocks_bytes;
+    int64_t tile, prep, u, krec, kin, qin, vin, pairs, bytes, blocks_bytes;
     __host__ __device__ stream_layout(int C)
     {
         coef_stride = gdn__ring_prep_stride(C + TOK - 1);
@@ -560,8 +581,8 @@ template <int K, typename S, bool MMA, int TOK = 1> struct stream_layout {
         kin = krec + (int64_t)(PREPARES ? (C + 15) / 16 * 16 : C) * K * 2; /* whole m-tiles of records (prepare_decode) */
         qin = kin + TOK * K * 2;
         vin = qin + TOK * K * 2;
-        arec = vin + (TOK * R * 2 + 15) / 16 * 16;
-        bytes = arec + (PREPARES ? (int64_t)C * 16 : 0);
+        pairs = vin + (TOK * R * 2 + 15) / 16 * 16;
+        bytes = pairs + (PREPARES ? (int64_t)C * 16 : 0);
     }
 };
 
@@ -838,7 +859,7 @@ __device__ __forceinline__ void consume_mma(const gdn__layer_params &p, const un
  * tokens in order, the owner of token t forming u_t (both rows) and the quad receiving it by
  * shuffles, each lane adding the own tokens' terms of its tokens. A row that does not fit, or forks,
  * writes S_h back (records only), and its tokens become records 0..T-1 over records that the row's
- * other items may still stage: the row's last item to finish writes their k and a and moves the
+ * other items may still stage: the row's last item to finish writes their k and pairs and moves the
  * count (the u are the item's own rows, staged before it began). */
 template <int K, typename I, typename O, typename Lay>
 __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, const unsigned char *stage, const Lay &lay, const float *blocks,
@@ -951,25 +972,14 @@ __device__ __forceinline__ void consume_mma_verify(const gdn__layer_params &p, c
     write_back_tensor_rows<K, I>(tile_s, rowA, rowB, qg, qt, blocks[PREP_DECAY_ALL], h, [&](int m, int row) { return fk[m] * u_s[m * US + row]; },
                                  krec_s, static_cast<S *>(p.state) + w * p.slot_stride + ((int64_t)head * V + tile * R) * K);
 
-    /* The row's last item (its group's first warp) writes the tokens' k, for every key head, and a, for
-     * every value head, as records 0..T-1, and moves the count to 0. */
+    /* The row's last item (its group's first warp) writes the tokens as records 0..T-1 and moves the
+     * count to 0. */
     if (warp == 0) {
         unsigned last = 0;
         if (lane == 0) last = atomicAdd(&p.arrivals[i], 1u) + 1u == (unsigned)(HV * (V / R));
         if (__shfl_sync(0xffffffffu, last, 0)) {
             __threadfence();
-            constexpr int PIECES = K * 2 / 16;
-            for (int c = lane; c < T * HK * PIECES; c += 32) {
-                const int t = c / (HK * PIECES), key_head = c / PIECES % HK, piece = c % PIECES;
-                reinterpret_cast<uint4 *>(ring_w + t * record_bytes + (int64_t)key_head * K * 2)[piece] =
-                    reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, key_head))[piece];
-            }
-            const int64_t a_offset = gdn__ring_a_offset(HK, K);
-            for (int c = lane; c < T * HV; c += 32) {
-                const int t = c / HV, value_head = c % HV;
-                reinterpret_cast<I *>(ring_w + t * record_bytes + a_offset)[value_head] =
-                    static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, value_head)];
-            }
+            write_input_records<K, I>(p, i, ring_w, record_bytes, 0, T, lane, 32);
             if (lane == 0) p.ring_count[w] = 0, p.arrivals[i] = 0;
         }
     }
@@ -1070,7 +1080,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
         };
 
         /* Records 0..n-1 of slot r's ring for an item: their u (the tile's rows), and k (the key
-         * head's) and a (the 16 bytes holding the head's) where asked. */
+         * head's) and pair (the 16 bytes holding the head's) where asked. */
         const auto copy_records = [&](int head, int tile, int r, int n, bool with_k, unsigned char *stage, uint64_t *bar) {
             if (lane == 0) barrier_expect_bytes(bar, n * (U_BYTES + (with_k ? K_BYTES : 0)));
             __syncwarp();
@@ -1078,7 +1088,8 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                 const char *record = static_cast<const char *>(p.ring) + ((int64_t)r * C + lane) * record_bytes;
                 bulk_copy(stage + lay.u + lane * Lay::U_STRIDE * 4, record + u_offset + ((int64_t)head * V + tile * R) * 4, U_BYTES, bar);
                 if (with_k) bulk_copy(stage + lay.krec + lane * K_BYTES, record + head / (HV / HK) * K_BYTES, K_BYTES, bar);
-                if (Lay::PREPARES) gdn__copy_async16(stage + lay.arec + lane * 16, record + gdn__ring_a_offset(HK, K) + head * 2 / 16 * 16);
+                if (Lay::PREPARES)
+                    gdn__copy_async16(stage + lay.pairs + lane * 16, record + gdn__ring_norm_decay_offset(HK, K) + head / 2 * 16);
             }
         };
 
@@ -1138,7 +1149,7 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
             }
             if (kind == 2 && Lay::PREPARES) {
                 const int i = at.at.i, head = at.at.head, tile = at.tile, kh = head / (HV / HK);
-                /* the tensor-core form prepares from every record's k and a; it copies the tokens as
+                /* the tensor-core form prepares from every record's k and pair; it copies the tokens as
                  * copy_tokens does, but with their bytes expected first and no __syncwarp between
                  * (through copy_tokens it measured slower: bench/results/2026-11-28-h200-ring-prep-bubble.md) */
                 if (lane == 0) barrier_expect_bytes(&full[s], 2 * T * K_BYTES);
@@ -1226,39 +1237,41 @@ __global__ void __launch_bounds__(STREAM_THREADS(stream_groups<MMA>()), STREAM_C
                 const int h = header[ITEM_COUNT];
                 const bool flush = header[ITEM_FLUSH] != 0;
                 const I *krec_s = reinterpret_cast<const I *>(stage + lay.krec), *kin_s = reinterpret_cast<const I *>(stage + lay.kin);
-                const unsigned char *arec_s = stage + lay.arec;
+                const unsigned char *pairs_s = stage + lay.pairs;
                 const int CS = lay.coef_stride;
+                const float own_l = token_log_decay(own_a, expf(A_log), dt_bias); /* a verify's: lane t's token t's */
                 /* the row's first tile appends the records (a decode's by the group's first warp) */
                 char *const ring_w = tile == 0 && !flush ? static_cast<char *>(p.ring) + (int64_t)header[ITEM_WRITE] * C * record_bytes : nullptr;
-                const auto prepare_token = [&](int t, float *prep, auto rec_k, auto rec_a, char *append) {
+                const auto prepare_token = [&](int t, float *prep, auto rec_k, auto rec_pair, char *append) {
                     prepare_decode<K, I, 32, true, (TOK > 1)>(
                         p, lane, head, kin_s + t * K, reinterpret_cast<const I *>(stage + lay.qin) + t * K,
-                        [&](int &count, bool &f) { count = h + t, f = flush; }, rec_k, rec_a,
-                        gdn__from_f32<I>(TOK > 1 ? __shfl_sync(0xffffffffu, own_a, t) : own_a),
-                        TOK > 1 ? __shfl_sync(0xffffffffu, own_b, t) : own_b, A_log, dt_bias, append,
-                        prep, CS, prep + PREP_HEADER + CS, prep + PREP_HEADER + 2 * CS, prep + PREP_HEADER, scratch, [] { __syncwarp(); });
+                        [&](int &count, bool &f, int &stored) { count = h + t, f = flush, stored = h; }, rec_k, rec_pair,
+                        [&] { return TOK > 1 ? __shfl_sync(0xffffffffu, own_l, t) : own_l; },
+                        TOK > 1 ? __shfl_sync(0xffffffffu, own_b, t) : own_b, append, prep, CS, prep + PREP_HEADER + CS,
+                        prep + PREP_HEADER + 2 * CS, prep + PREP_HEADER, scratch, [] { __syncwarp(); });
                     __syncwarp();
                 };
-                const auto record_a = [&](int j) { return reinterpret_cast<const I *>(arec_s + j * 16)[head % 8]; };
+                const auto record_pair = [&](int j) { return reinterpret_cast<const float2 *>(pairs_s + j * 16)[head % 2]; };
                 if constexpr (TOK == 1) { /* each warp into its own block: no barrier with the others */
-                    prepare_token(0, prep_blocks, [&](int j) { return krec_s + j * K; }, record_a, gwarp == 0 ? ring_w : nullptr);
+                    prepare_token(0, prep_blocks, [&](int j) { return krec_s + j * K; }, record_pair, gwarp == 0 ? ring_w : nullptr);
                 } else {
                     /* The group's warps share the tokens (token t is a decode over the records and tokens
                      * 0..t-1, rows h.. of its m-tiles from the staged tokens' k); first they wait until
                      * the whole group is done with the previous run's blocks. */
                     group_barrier<Lay::GROUP_WARPS>(cgroup);
-                    /* the earlier tokens' a for entries j = lane and lane + 32 (lanes >= h) */
-                    const float entry_a0 = __shfl_sync(0xffffffffu, own_a, (lane - h) & 31);
-                    const float entry_a1 = __shfl_sync(0xffffffffu, own_a, (lane + 32 - h) & 31);
+                    /* the earlier tokens' log decays for entries j = lane and lane + 32 (lanes >= h) */
+                    const float entry_l0 = __shfl_sync(0xffffffffu, own_l, (lane - h) & 31);
+                    const float entry_l1 = __shfl_sync(0xffffffffu, own_l, (lane + 32 - h) & 31);
                     const auto entry_k = [&](int j) { return j < h ? krec_s + j * K : j < h + T ? kin_s + (j - h) * K : krec_s + (j & 15) * K; };
-                    const auto entry_a = [&](int j) { return j < h ? record_a(j) : gdn__from_f32<I>(j < 32 ? entry_a0 : entry_a1); };
+                    /* (an own entry's norm scale is formed by prepare_decode) */
+                    const auto entry_pair = [&](int j) { return j < h ? record_pair(j) : make_float2(0.0f, j < 32 ? entry_l0 : entry_l1); };
                     /* One token a warp: one call, not a loop (a loop here costs the item loop registers:
                      * spills). Two: a loop (measured faster than two calls). */
                     if constexpr (TOK <= Lay::GROUP_WARPS) {
-                        if (gwarp < T) prepare_token(gwarp, prep_blocks + gwarp * lay.block_floats, entry_k, entry_a, ring_w);
+                        if (gwarp < T) prepare_token(gwarp, prep_blocks + gwarp * lay.block_floats, entry_k, entry_pair, ring_w);
                     } else {
                         for (int t = gwarp; t < T; t += Lay::GROUP_WARPS)
-                            prepare_token(t, prep_blocks + t * lay.block_floats, entry_k, entry_a, ring_w);
+                            prepare_token(t, prep_blocks + t * lay.block_floats, entry_k, entry_pair, ring_w);
                     }
                     group_barrier<Lay::GROUP_WARPS>(cgroup);
                 }

@@ -75,6 +75,48 @@ __device__ __forceinline__ void norm_scales(const gdn__layer_params &p, float kk
     rq = p.scale * l2norm_scale(p, qq);
 }
 
+/* The ring strategy (no mixer): row i's step inputs become records base..base+T-1 of ring_w
+ * (gdn_kernel_params.h's layout): every key head's raw k and every value head's pair {norm scale of
+ * its key head's k, log decay}, a thread (of `threads`, tid 0..) a (token, key head), its k's loads
+ * in flight together (the row's last CTA or warp runs this at the end of its kernel: a few round
+ * trips a thread). */
+template <int K, typename I>
+__device__ __forceinline__ void write_input_records(const gdn__layer_params &p, int64_t i, char *ring_w, int64_t record_bytes,
+                                                    int base, int T, int tid, int threads)
+{
+    constexpr int PER_PIECE = 16 / (int)sizeof(I), PIECES = K / PER_PIECE, CHUNK = PIECES < 8 ? PIECES : 8;
+    const int HK = p.HK, per_key = p.HV / HK;
+    const int64_t pair_offset = gdn__ring_norm_decay_offset(HK, K);
+    for (int row = tid; row < T * HK; row += threads) {
+        const int t = row / HK, kh = row % HK;
+        char *const record = ring_w + (base + t) * record_bytes;
+        const uint4 *from = reinterpret_cast<const uint4 *>(static_cast<const I *>(p.k) + gdn__at(p.k_strides, i, t, kh));
+        uint4 *to = reinterpret_cast<uint4 *>(record + (int64_t)kh * K * (int64_t)sizeof(I));
+        float xx = 0.0f;
+#pragma unroll
+        for (int c0 = 0; c0 < PIECES; c0 += CHUNK) {
+            uint4 bits[CHUNK];
+#pragma unroll
+            for (int c = 0; c < CHUNK; c++) bits[c] = from[c0 + c];
+#pragma unroll
+            for (int c = 0; c < CHUNK; c++) {
+                to[c0 + c] = bits[c];
+                gdn__raw_vec<I, PER_PIECE> raw;
+                memcpy(&raw, &bits[c], 16);
+                float x[PER_PIECE];
+                gdn__widen_raw<I, PER_PIECE>(raw, x);
+#pragma unroll
+                for (int e = 0; e < PER_PIECE; e++) xx = fmaf(x[e], x[e], xx);
+            }
+        }
+        const float scale = l2norm_scale(p, xx);
+        for (int vh = kh * per_key; vh < (kh + 1) * per_key; vh++) {
+            const float a = gdn__to_f32(static_cast<const I *>(p.a)[gdn__at(p.a_strides, i, t, vh)]);
+            reinterpret_cast<float2 *>(record + pair_offset)[vh] = make_float2(scale, token_log_decay(a, expf(p.A_log[vh]), p.dt_bias[vh]));
+        }
+    }
+}
+
 /* A row whose read slot is padding (< 0) or whose slots cannot be used (out_of_range: the flag is
  * raised): the thread's output rows of its head are zero for every token, nothing else is touched.
  * The thread's rows: row0 + b * block_rows + rt * G for b < blocks (row sets, or the ring's passes).

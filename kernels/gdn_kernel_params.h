@@ -22,10 +22,12 @@
  * stored inputs (input_dtype) are k [HK, K], v [HV, V], a [HV], b [HV] in that order.
  *
  * Ring strategy (ring != NULL; cache == NULL, token_store == NULL): each slot keeps a checkpoint state
- * (the pool) and ring_count[slot] records (0..ring_capacity), record j holding the raw k [HK, K] and a
- * [HV] of a token (input_dtype) and its fp32 correction u [HV, V]. The state of slot s is S0 (the
- * pool) with records 0..count-1 applied in order: S = g_j S + u_j k^_j^T (g_j from a_j, k^_j the
- * normalised k_j). For a live row with h = clamp(ring_count[r], 0, ring_capacity):
+ * (the pool) and ring_count[slot] records (0..ring_capacity), record j holding the raw k [HK, K] of a
+ * token (input_dtype), its k's norm scales and log decays (fp32, per value head) and its fp32
+ * correction u [HV, V] (gdn__ring_record_bytes; with the mixer's conv raw x and a instead of k and the
+ * pairs). The state of slot s is S0 (the pool) with records 0..count-1 applied in order:
+ * S = g_j S + u_j k^_j^T (g_j = exp(l_j), k^_j = scale_j k_j). For a live row with
+ * h = clamp(ring_count[r], 0, ring_capacity):
  *   T == 0 (a flush, w == r): state[w] = S_h; count[w] = 0 (no write when h == 0).
  *   decode (deferred_verify == 0, T == 1): o from S_h and the token (u = beta (v - g S_h k^)). If w != r
  *     or h + 1 >= ring_length: state[w] = S_{h+1} and count[w] = 0; else record h of slot w = the
@@ -271,12 +273,15 @@ static inline GDN__HOST_DEVICE gdn__layer_params gdn__layer_params_resolved(cons
     return p;
 }
 
-/* One ring record: k [HK, K] and a [HV] in the input dtype (2-byte), padded to 16 bytes, then u
- * [HV, V] fp32. Offsets in bytes; every part starts 16-byte aligned. */
-static inline GDN__HOST_DEVICE int64_t gdn__ring_a_offset(int32_t HK, int32_t K) { return (int64_t)HK * K * 2; }
+/* One ring record: raw k [HK, K] in the input dtype (2-byte); then for each value head h an fp32 pair
+ * {the scale that normalises its key head's k (k^ = scale k), the log decay l = -exp(A_log[h])
+ * softplus(a + dt_bias[h])}, written once by the step that appends the record so that no reader
+ * forms them again, padded to 16 bytes; then u [HV, V] fp32. Offsets in bytes; every part starts
+ * 16-byte aligned. */
+static inline GDN__HOST_DEVICE int64_t gdn__ring_norm_decay_offset(int32_t HK, int32_t K) { return (int64_t)HK * K * 2; }
 static inline GDN__HOST_DEVICE int64_t gdn__ring_u_offset(int32_t HK, int32_t HV, int32_t K)
 {
-    return (gdn__ring_a_offset(HK, K) + (int64_t)HV * 2 + 15) / 16 * 16;
+    return (gdn__ring_norm_decay_offset(HK, K) + (int64_t)HV * 8 + 15) / 16 * 16;
 }
 static inline GDN__HOST_DEVICE int64_t gdn__ring_record_bytes(int32_t HK, int32_t HV, int32_t K, int32_t V)
 {

@@ -214,6 +214,7 @@ scenario_result run_scenario(const scenario_options *o)
             test_set_accepted(e, accepted, n);
             cr_assert_eq(gdn_engine_commit(e, NULL), GDN_OK);
             result.verify_steps++;
+            result.verify_steps_of_max_tokens += T == o->max_tokens;
         } else {
             result.decode_steps++;
         }

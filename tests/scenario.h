@@ -40,6 +40,7 @@ typedef struct scenario_result {
     double worst_state;  /* largest error as a fraction of SPEC 4's tolerance */
     double worst_output;
     int32_t decode_steps, verify_steps, admitted, retired, forks, padding_rows;
+    int32_t verify_steps_of_max_tokens; /* verifies of max_tokens tokens */
     int32_t buckets_seen;  /* distinct buckets used */
     int32_t largest_bucket;
     int32_t accepted_zero, accepted_full;

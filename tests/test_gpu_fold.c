@@ -163,6 +163,27 @@ Test(gpu_fold, ring_sixteen_token_verifies_match_the_host_model, .timeout = 900)
         }
 }
 
+/* The ring verify's streamed tensor-core pass (bf16 state and inputs, chains of 2..8 tokens) on
+ * qwen3-next's heads at batches of up to 64, rings of 16 records: every token prepares over the
+ * records (their norm scales and log decays as the records hold them) and its own earlier tokens
+ * (up to seven, their norms formed by the pass), against the host model; verifies of 8 tokens
+ * (seven earlier tokens) must occur. */
+Test(gpu_fold, ring_streamed_verifies_of_up_to_eight_tokens_match_the_host_model, .timeout = 900)
+{
+    test_require_gpu();
+    scenario_options o = {.preset = "qwen3-next", .backend = GDN_BACKEND_CUDA, .graph_mode = GDN_GRAPHS_LAZY,
+                          .state_dtype = GDN_DTYPE_BF16, .strategy = GDN_VERIFY_RING, .layers = 2, .steps = 60,
+                          .num_slots = 80, .max_batch = 64, .max_tokens = 8, .check_every = 8, .min_live = 40,
+                          .ring_length = 16, .seed = 796};
+    scenario_result r = run_scenario(&o);
+    cr_log_info("qwen3-next bf16 ring 16, T <= 8, B <= 64: worst state %.1f%%, output %.1f%% of tolerance; verifies %d "
+                "(%d of 8 tokens); write-backs: decode %d, verify %d; most records %d",
+                100 * r.worst_state, 100 * r.worst_output, r.verify_steps, r.verify_steps_of_max_tokens, r.ring_flush_decode,
+                r.ring_flush_verify, r.ring_largest);
+    if (test_full_length()) cr_assert_gt(r.verify_steps_of_max_tokens, 0);
+    if (test_full_length()) cr_assert_gt(r.ring_largest, 8, "verifies over rings holding records");
+}
+
 /* qwen3-next with its default write-through (GDN_RING_WRITE_THROUGH_HEADS_F32 / _BF16 row-heads: buckets
  * of up to 8 rows with fp32 state, 32 with bf16, on the big instance from bucket 4 with fp32 and 8 with
  * bf16) beside the ring's own decodes in the buckets above: random serving, both dtypes, against the

@@ -14,20 +14,22 @@
 
 double gdn__ref_softplus(double x) { return x <= 20.0 ? log1p(exp(x)) : x; }
 
-double gdn__ref_decay(double a, double A_log, double dt_bias)
+double gdn__ref_log_decay(double a, double A_log, double dt_bias) { return -exp(A_log) * gdn__ref_softplus(a + dt_bias); }
+double gdn__ref_decay(double a, double A_log, double dt_bias) { return exp(gdn__ref_log_decay(a, A_log, dt_bias)); }
+
+/* 1 / sqrt(sum x^2 + 1e-6) over x[0..n), or 1 when the norm is off. */
+static double norm_scale(const double *x, int32_t n, int use_l2norm)
 {
-    return exp(-exp(A_log) * gdn__ref_softplus(a + dt_bias));
+    if (!use_l2norm) return 1.0;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) sum += x[i] * x[i];
+    return 1.0 / sqrt(sum + 1e-6);
 }
 
 /* x[0..n) scaled by factor / sqrt(sum x^2 + 1e-6), or by factor alone when the norm is off. */
 static void normalise(const double *x, int32_t n, double factor, int use_l2norm, double *out)
 {
-    double inv = 1.0;
-    if (use_l2norm) {
-        double sum = 0.0;
-        for (int32_t i = 0; i < n; i++) sum += x[i] * x[i];
-        inv = 1.0 / sqrt(sum + 1e-6);
-    }
+    const double inv = norm_scale(x, n, use_l2norm);
     for (int32_t i = 0; i < n; i++) out[i] = factor * x[i] * inv;
 }
 
@@ -293,14 +295,11 @@ static void store_row_tokens(const gdn__layer_params *p, int32_t i, int64_t slot
     }
 }
 
-/* Ring strategy: record layout (with the conv: raw x instead of k). */
+/* Ring strategy: record layout (with the conv: raw x and a instead of k and its norm scales and log
+ * decays). */
 static int64_t record_bytes(const gdn__layer_params *p)
 {
     return conv_on(p) ? gdn__mixer_record_bytes(p->mixer.conv_dim, p->HV, p->V) : gdn__ring_record_bytes(p->HK, p->HV, p->K, p->V);
-}
-static int64_t record_a_offset(const gdn__layer_params *p)
-{
-    return conv_on(p) ? gdn__mixer_record_a_offset(p->mixer.conv_dim) : gdn__ring_a_offset(p->HK, p->K);
 }
 static int64_t record_u_offset(const gdn__layer_params *p)
 {
@@ -314,39 +313,58 @@ static char *ring_record(const gdn__layer_params *p, int64_t slot, int32_t j)
 }
 
 /* Ring strategy: applies record j of `slot` to value head h's state S [V, K]: S = g S + u k^T. k_raw:
- * the record's k before the norm (the conv's output), or NULL to read it from the record. */
+ * the record's k before the norm, the conv's output (its record holds raw x and a), or NULL: the
+ * record's k, normalised and decayed by the scale and log decay it holds. */
 static void apply_ring_record(const gdn__layer_params *p, int64_t slot, int32_t j, int32_t h, int32_t kh,
                               const double *k_raw, double *S, double *k_hat, double *u)
 {
     const char *rec = ring_record(p, slot, j);
-    if (!k_raw) {
-        widen(rec, p->input_dtype, (int64_t)kh * p->K, p->K, u); /* u as scratch for the raw k */
-        k_raw = u;
+    double g;
+    if (k_raw) {
+        normalise(k_raw, p->K, 1.0, p->use_qk_l2norm, k_hat);
+        g = gdn__ref_decay(gdn__load_f32(rec + gdn__mixer_record_a_offset(p->mixer.conv_dim), p->input_dtype, h), p->A_log[h],
+                           p->dt_bias[h]);
+    } else {
+        double pair[2]; /* the head's {norm scale, log decay} */
+        widen(rec + gdn__ring_norm_decay_offset(p->HK, p->K), GDN_DTYPE_F32, 2 * (int64_t)h, 2, pair);
+        widen(rec, p->input_dtype, (int64_t)kh * p->K, p->K, k_hat);
+        for (int32_t c = 0; c < p->K; c++) k_hat[c] *= pair[0];
+        g = exp(pair[1]);
     }
-    normalise(k_raw, p->K, 1.0, p->use_qk_l2norm, k_hat);
-    const double g = gdn__ref_decay(gdn__load_f32(rec + record_a_offset(p), p->input_dtype, h), p->A_log[h], p->dt_bias[h]);
     widen(rec + record_u_offset(p), GDN_DTYPE_F32, (int64_t)h * p->V, p->V, u);
     for (int32_t row = 0; row < p->V; row++)
         for (int32_t c = 0; c < p->K; c++) S[(int64_t)row * p->K + c] = g * S[(int64_t)row * p->K + c] + u[row] * k_hat[c];
 }
 
-/* Ring strategy: records base..base+n-1 of `slot` get row i's live tokens' k (with the conv: raw x)
- * and a as given, token t in record base + t. */
-static void store_ring_inputs(const gdn__layer_params *p, int32_t i, int64_t slot, int32_t base, const row_tokens *rt)
+/* Ring strategy: records base..base+n-1 of `slot` get row i's live tokens, token t in record base + t:
+ * its k as given and each value head's {norm scale of its key head's k, log decay} (fp32), or with
+ * the conv its raw x and a as given. k_scratch: K doubles. */
+static void store_ring_inputs(const gdn__layer_params *p, int32_t i, int64_t slot, int32_t base, const row_tokens *rt,
+                              double *k_scratch)
 {
     const size_t esize = gdn_dtype_size(p->input_dtype);
+    const int32_t per_key = p->HV / p->HK;
     for (int32_t t = 0; t < rt->n; t++) {
         if (!rt->live[t]) continue;
         char *rec = ring_record(p, slot, base + t);
-        if (conv_on(p))
+        if (conv_on(p)) {
             copy_x(p, i, t, rec);
-        else
-            for (int32_t kh = 0; kh < p->HK; kh++)
-                memcpy(rec + (size_t)kh * p->K * esize,
-                       (const char *)p->k + gdn__at(p->k_strides, i, t, kh) * (int64_t)esize, (size_t)p->K * esize);
-        for (int32_t h = 0; h < p->HV; h++)
-            memcpy(rec + record_a_offset(p) + (size_t)h * esize,
-                   (const char *)p->a + gdn__at(p->a_strides, i, t, h) * (int64_t)esize, esize);
+            for (int32_t h = 0; h < p->HV; h++)
+                memcpy(rec + gdn__mixer_record_a_offset(p->mixer.conv_dim) + (size_t)h * esize,
+                       (const char *)p->a + gdn__at(p->a_strides, i, t, h) * (int64_t)esize, esize);
+            continue;
+        }
+        for (int32_t kh = 0; kh < p->HK; kh++) {
+            memcpy(rec + (size_t)kh * p->K * esize, (const char *)p->k + gdn__at(p->k_strides, i, t, kh) * (int64_t)esize,
+                   (size_t)p->K * esize);
+            widen(p->k, p->input_dtype, gdn__at(p->k_strides, i, t, kh), p->K, k_scratch);
+            const double scale = norm_scale(k_scratch, p->K, p->use_qk_l2norm);
+            for (int32_t h = kh * per_key; h < (kh + 1) * per_key; h++) {
+                const double a = gdn__load_f32(p->a, p->input_dtype, gdn__at(p->a_strides, i, t, h));
+                const double pair[2] = {scale, gdn__ref_log_decay(a, p->A_log[h], p->dt_bias[h])};
+                narrow(rec + gdn__ring_norm_decay_offset(p->HK, p->K), GDN_DTYPE_F32, 2 * (int64_t)h, 2, pair);
+            }
+        }
     }
 }
 
@@ -618,7 +636,7 @@ void gdn__ref_layer_step_in(const gdn__layer_params *params, void *scratch)
             p->pending[w] = 0;
         }
         if (p->ring) { /* the row's bookkeeping, once every head has read slot r's records */
-            if (plan.keep) store_ring_inputs(p, i, w, plan.base, &rt);
+            if (plan.keep) store_ring_inputs(p, i, w, plan.base, &rt, record_k);
             p->ring_count[w] = p->deferred_verify ? plan.base : (plan.keep ? plan.h + 1 : 0);
         }
     }

@@ -17,7 +17,8 @@ extern "C" {
 /* softplus with beta 1 and threshold 20, as SPEC 1 writes it. */
 double gdn__ref_softplus(double x);
 
-/* The decay g = exp(-exp(A_log) * softplus(a + dt_bias)). */
+/* The decay g = exp(-exp(A_log) * softplus(a + dt_bias)), and its log. */
+double gdn__ref_log_decay(double a, double A_log, double dt_bias);
 double gdn__ref_decay(double a, double A_log, double dt_bias);
 
 /*
