@@ -162,7 +162,8 @@ typedef enum gdn_verify_strategy {
      * gdn_engine_get_config reports the choice. */
     GDN_VERIFY_AUTO = 2,
     /* Each slot keeps, per layer, a checkpoint state (the pool) and a ring of up to ring_length
-     * recent token records (k and a as given, and the token's fp32 correction u; SPEC 3 and the
+     * recent token records (k as given, its norm scale and log decay, and the token's fp32
+     * correction u; with the mixer's conv raw x and a as given, and u; SPEC 3 and the
      * ring issue's math): a decode reads the checkpoint and does not write it, computing its output
      * from the checkpoint plus the ring, and appends one record; a row whose ring would hold
      * ring_length records writes its state back (in the same kernel) and empties its ring. A verify
