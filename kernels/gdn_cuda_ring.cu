@@ -26,8 +26,8 @@
  *   4. A row whose ring is full (decode), that does not fit (verify), or whose write slot differs,
  *      writes the state back: the thread's rows become exp(P) S0 + sum_j c_j u_j k^_j and are stored.
  * The step's records are written beside: u by each CTA for its rows; k (per key head) and the pairs
- * (per value head) by one CTA each, or, when they overwrite records that other CTAs of the row still read
- * (a verify that flushed in place), by the row's last CTA, which also writes the count.
+ * (per value head) by one CTA each, or, when they overwrite records that other CTAs of the row still
+ * read (a verify that flushed in place), by the row's last CTA, which also writes the count.
  *
  * Template parameters: K, state S, input I, output O, REGS (state values a thread holds in a pass),
  * ONE_TOKEN (decode: the token's correction stays in registers for the write-back; a verify keeps its
@@ -141,8 +141,8 @@ __device__ __forceinline__ void normalise_row_lanes(const gdn__layer_params &p, 
 
 /* A record's layout (gdn_kernel_params.h): raw k per key head, then per value head the pair {norm
  * scale, log decay} (at pair_offset); or with the conv raw x [conv_dim], then a per value head (at
- * a_offset); then fp32 u [HV][V]. Offsets formed where they are used (held across the kernel they
- * cost its register-capped instances spills). */
+ * a_offset); then fp32 u [HV][V]. Offsets formed where they are used, so that no register holds
+ * them across the kernel. */
 struct ring_record_layout {
     const gdn__layer_params &p;
     bool conv;
